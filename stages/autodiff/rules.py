@@ -1,0 +1,102 @@
+"""Gradient rules that TVM 0.27's Relax lacks and MobileNetV2 needs.
+
+Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
+Rules are registered once, on import; a rule TVM later ships itself is left in place.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.op import (add, divide, greater, less, logical_and, mean, multiply, reshape, sqrt,
+                          subtract, sum as rsum, variance, where, zeros_like)
+from tvm.relax.op.base import register_gradient
+from tvm.relax.op._op_gradient import no_grad
+
+from pipelines.irutil import dtype_of, shape_of
+
+
+def clip_grad(orig_var, orig_call, output_grad, ctx):
+    """y = clip(x, lo, hi) (ReLU6 is clip(x, 0, 6)): dx = dy where lo < x < hi, as PyTorch's
+    hardtanh_backward, which passes no gradient at the bounds themselves."""
+    x, lo, hi = orig_call.args
+    dtype = dtype_of(x)
+    inside = logical_and(greater(x, relax.const(float(lo.value), dtype)),
+                         less(x, relax.const(float(hi.value), dtype)))
+    return [where(inside, output_grad, zeros_like(output_grad)), no_grad(lo), no_grad(hi)]
+
+
+def batch_norm_grad(orig_var, orig_call, output_grad, ctx):
+    """(y, new_mean, new_var) = batch_norm(x, gamma, beta, mean, var).
+
+    Training mode normalises with batch statistics, so the classic fused form applies:
+    dx = gamma * rstd / N * (N * dy - sum(dy) - xhat * sum(dy * xhat)),
+    dgamma = sum(dy * xhat), dbeta = sum(dy). Eval mode is affine in x.
+    Only y carries gradient; the running statistics are state, not differentiable.
+    """
+    x, gamma, beta, moving_mean, moving_var = orig_call.args
+    attrs = orig_call.attrs
+    axis = int(attrs.axis)
+    dims = shape_of(x)
+    reduce_axes = [i for i in range(len(dims)) if i != axis]
+    bshape = [dims[i] if i == axis else 1 for i in range(len(dims))]
+    dtype = dtype_of(x)
+    dy = relax.TupleGetItem(output_grad, 0)
+    eps = relax.const(float(attrs.epsilon), dtype)
+    if attrs.training:
+        mu = mean(x, reduce_axes, keepdims=True)
+        rstd = divide(relax.const(1.0, dtype), sqrt(add(variance(x, reduce_axes, keepdims=True),
+                                                        eps)))
+    else:
+        mu = reshape(moving_mean, bshape)
+        rstd = divide(relax.const(1.0, dtype), sqrt(add(reshape(moving_var, bshape), eps)))
+    xhat = multiply(subtract(x, mu), rstd)
+    dbeta = rsum(dy, reduce_axes)
+    dgamma = rsum(multiply(dy, xhat), reduce_axes)
+    scale = multiply(reshape(gamma, bshape), rstd) if attrs.scale else rstd
+    if attrs.training:
+        n = 1
+        for i in reduce_axes:
+            n *= dims[i]
+        centred = subtract(subtract(dy, reshape(divide(dbeta, relax.const(float(n), dtype)),
+                                                bshape)),
+                           multiply(xhat, reshape(divide(dgamma, relax.const(float(n), dtype)),
+                                                  bshape)))
+        dx = multiply(scale, centred)
+    else:
+        dx = multiply(scale, dy)
+    return [dx, dgamma, dbeta, no_grad(moving_mean), no_grad(moving_var)]
+
+
+RULES = {
+    "relax.clip": clip_grad,
+    "relax.nn.batch_norm": batch_norm_grad,
+}
+
+
+def register() -> None:
+    """Register the project's rules for ops that have none in this TVM."""
+    for op_name, rule in RULES.items():
+        op = tvm.ir.Op.get(op_name)
+        if op.get_attr("FPrimalGradient") is None:
+            register_gradient(op_name, rule)
+
+
+def ops_without_gradient(func: relax.Function) -> list[tuple[str, str]]:
+    """(op name, binding var name) of each call in ``func`` that has no gradient rule."""
+    missing: list[tuple[str, str]] = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            if expr.op.get_attr("FPrimalGradient") is None:
+                missing.append(expr.op.name)
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            before = len(missing)
+            visit(binding.value)
+            if len(missing) > before:
+                missing[-1] = (missing[-1], binding.var.name)
+    return missing
+
+
+register()

@@ -1,0 +1,47 @@
+"""pretrain: train the reference model in PyTorch on the pretrain classes.
+
+This stands in for downloading pretrained weights (nothing is downloaded here): the fine-tune
+stage then transfers these weights to classes the model has never seen.
+Output: artifacts/pretrain/weights.pt (state dict) and metrics.json.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
+from pipelines.config import load_params, require
+from pipelines.models import build_model
+from pipelines.torch_ref import accuracy, batches, make_sgd, seed_everything, train_step
+
+OUT = ARTIFACTS / "pretrain"
+DATA = ARTIFACTS / "data" / "digits.npz"
+
+
+def main() -> None:
+    params = load_params()
+    model_cfg, cfg = require(params, "model"), require(params, "pretrain")
+    seed = int(require(params, "seed"))
+    seed_everything(seed)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    data = np.load(DATA)
+    x, y = data["pretrain_train_x"], data["pretrain_train_y"]
+    model = build_model(model_cfg).train()
+    opt = make_sgd(model, {"lr": cfg["lr"], "momentum": 0.9, "weight_decay": 1e-4})
+    batch = 32
+    for epoch in range(int(cfg["epochs"])):
+        losses = [train_step(model, opt, torch.from_numpy(x[i]), torch.from_numpy(y[i]))
+                  for i in batches(len(x), batch, seed, epoch)]
+        print(f"pretrain epoch {epoch}: loss {np.mean(losses):.4f}", flush=True)
+    metrics = {"pretrain_test_accuracy": accuracy(model, data["pretrain_test_x"],
+                                                  data["pretrain_test_y"]),
+               "pretrain_final_loss": float(np.mean(losses))}
+    with atomic_dir(OUT) as tmp:
+        torch.save(model.state_dict(), tmp / "weights.pt")
+        write_json_atomic(tmp / "metrics.json", metrics)
+        write_manifest(tmp, "pretrain", {"data": DATA}, {"model": model_cfg, "pretrain": cfg})
+    print(metrics)
+
+
+if __name__ == "__main__":
+    main()
