@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 from tvm import relax
 from tvm.relax.training import AppendLoss
 from tvm.relax.training.loss import CrossEntropyLoss
@@ -44,8 +45,8 @@ class MissingGradientRule(Exception):
     pass
 
 
-def build_train_step(main: relax.Function, num_params: int, optimizer: SGD,
-                     num_classes: int) -> tuple[relax.Function, dict]:
+def build_train_step(main: relax.Function, num_params: int,
+                     optimizer: SGD) -> tuple[relax.Function, dict]:
     """``main(x, *params, *buffers) -> (logits, *new_buffers)`` -> the training-step function.
 
     Returns the function and its signature: input and output names in order."""
@@ -60,7 +61,7 @@ def build_train_step(main: relax.Function, num_params: int, optimizer: SGD,
     logits_type = main.body.body.fields[0].ty
     batch = int(logits_type.shape.values[0])
 
-    mod = tvm_module(main)
+    mod = tvm.IRModule({"main": main})
     loss = CrossEntropyLoss(reduction="mean")(logits_type, tensor_type([batch], "int64"))
     mod = AppendLoss("main", loss, num_backbone_outputs=1)(mod)
     loss_fn = mod["main_loss"]
@@ -102,9 +103,3 @@ def build_train_step(main: relax.Function, num_params: int, optimizer: SGD,
                    + [f"new_{m.name}" for m in momenta] + [f"new_{b.name}" for b in buffers],
     }
     return step, signature
-
-
-def tvm_module(func: relax.Function):
-    import tvm
-
-    return tvm.IRModule({"main": func})

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
-from pipelines.artifacts import ARTIFACTS, atomic_dir, write_manifest
+from pipelines.artifacts import ARTIFACTS, atomic_dir, save_arrays, write_manifest
 from pipelines.config import ConfigError, load_params, require
 
 OUT = ARTIFACTS / "data"
@@ -46,8 +46,7 @@ def main() -> None:
     data_cfg, model_cfg = require(params, "data"), require(params, "model")
     splits = make_splits(data_cfg, model_cfg, int(require(params, "seed")))
     with atomic_dir(OUT) as tmp:
-        with open(tmp / "digits.npz", "wb") as handle:
-            np.savez(handle, **splits)
+        save_arrays(tmp / "digits.npz", splits)
         write_manifest(tmp, "data", {}, {"data": data_cfg, "image_size": model_cfg["image_size"]})
     print(" ".join(f"{k}={len(v)}" for k, v in splits.items() if k.endswith("_y")))
 

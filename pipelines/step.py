@@ -1,0 +1,57 @@
+"""Running a built training step: load the library, hold the training state between steps.
+
+Benchmark, fine-tuning and the tests call the compiled step through this one class.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
+
+class CompiledStep:
+    """A loaded ``train_step`` plus its state (parameters, buffers, optimizer momenta)."""
+
+    def __init__(self, build_dir: Path, initial: dict[str, np.ndarray]):
+        build_dir = Path(build_dir)
+        self.signature = json.loads((build_dir / "signature.json").read_text())
+        self.device = tvm.cpu()
+        self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(build_dir / "step.so")),
+                                       self.device)
+        self.function = self.vm["train_step"]
+        self.state_names = self.signature["inputs"][2:]
+        self.state = {}
+        for name in self.state_names:
+            value = (np.zeros_like(initial[name.removeprefix("m_")]) if name.startswith("m_")
+                     else initial[name])
+            self.state[name] = tvm.runtime.tensor(np.ascontiguousarray(value), self.device)
+        # Output i (after the loss) is the new value of state entry updates[i].
+        self.updates = [name.removeprefix("new_") for name in self.signature["outputs"][1:]]
+
+    def arguments(self, x: np.ndarray, y: np.ndarray) -> list:
+        return ([tvm.runtime.tensor(x, self.device), tvm.runtime.tensor(y, self.device)]
+                + [self.state[n] for n in self.state_names])
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        outputs = self.function(*self.arguments(x, y))
+        for name, value in zip(self.updates, list(outputs)[1:]):
+            self.state[name] = value
+        return float(outputs[0].numpy())
+
+    def numpy_state(self) -> dict[str, np.ndarray]:
+        return {name: value.numpy() for name, value in self.state.items()}
+
+    def torch_state_dict(self) -> dict[str, torch.Tensor]:
+        """Parameters and buffers under their PyTorch names (for ``load_state_dict``)."""
+        names = self.signature["torch_names"]
+        return {names[n]: torch.from_numpy(v.numpy()) for n, v in self.state.items()
+                if n in names}
+
+
+def load_initial(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}

@@ -1,0 +1,50 @@
+"""autodiff: loss + reverse-mode gradient + optimizer update, one Relax function.
+
+Outputs (artifacts/autodiff/):
+  train_step.relax.py / .json  the full-backprop training step (every parameter updated)
+  signature.json               its inputs and outputs in order, with PyTorch names
+"""
+from __future__ import annotations
+
+import json
+
+import tvm
+
+from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
+from pipelines.config import ConfigError, choose, load_params, require
+from pipelines.ir import load_ir, save_ir
+from stages.autodiff.training import SGD, MissingGradientRule, build_train_step
+
+OUT = ARTIFACTS / "autodiff"
+LOWER = ARTIFACTS / "lower"
+OPTIMIZERS = {"sgd": SGD}
+
+
+def make_optimizer(cfg: dict):
+    name = choose(cfg.get("name"), OPTIMIZERS, "optimizer.name")
+    return OPTIMIZERS[name](lr=float(cfg["lr"]), momentum=float(cfg.get("momentum", 0.0)),
+                            weight_decay=float(cfg.get("weight_decay", 0.0)))
+
+
+def main() -> None:
+    params = load_params()
+    opt_cfg = require(params, "optimizer")
+    names = json.loads((LOWER / "names.json").read_text())
+    num_params = sum(1 for v in names.values() if v["kind"] == "parameter")
+    main_fn = load_ir(LOWER / "model.json")["main"]
+    try:
+        step, signature = build_train_step(main_fn, num_params, make_optimizer(opt_cfg))
+    except MissingGradientRule as err:
+        raise SystemExit(f"autodiff: {err}") from err
+    signature["torch_names"] = {n: v["torch"] for n, v in names.items()}
+    signature["num_params"] = num_params
+    with atomic_dir(OUT) as tmp:
+        save_ir(tvm.IRModule({"train_step": step}), tmp, "train_step")
+        write_json_atomic(tmp / "signature.json", signature)
+        write_manifest(tmp, "autodiff", {"lower": LOWER / "model.json"}, {"optimizer": opt_cfg})
+    print(f"autodiff: train_step with {len(signature['inputs'])} inputs, "
+          f"{len(signature['outputs'])} outputs")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""One benchmark case per fresh process: the compiled step, PyTorch eager with full
+backpropagation, and PyTorch eager with the scheme's frozen layers frozen — same shapes, same
+batch, same thread count. Each returns step times (ms) and peak memory above its baseline."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+
+def _batch(data_path: str, batch: int):
+    with np.load(data_path) as data:
+        return (np.ascontiguousarray(data["finetune_train_x"][:batch]),
+                np.ascontiguousarray(data["finetune_train_y"][:batch]))
+
+
+def run_case(case: str, spec: dict) -> dict:
+    os.environ["TVM_NUM_THREADS"] = str(spec["cores"])
+    import torch
+
+    from pipelines.memory import PeakRSS
+
+    torch.set_num_threads(spec["cores"])
+    x, y = _batch(spec["data"], spec["batch"])
+    warmup, steps = spec["warmup"], spec["steps"]
+    if case == "compiled":
+        from pipelines.step import CompiledStep, load_initial
+
+        step = CompiledStep(spec["build_dir"], load_initial(spec["initial"]))
+        args = step.arguments(x, y)
+        with PeakRSS() as peak:  # from before the first step: warm-up allocates too
+            for _ in range(warmup):
+                step.function(*args)
+            # The state passed in is not mutated: every repeat times the same step.
+            timer = step.vm.time_evaluator("train_step", step.device, number=1, repeat=steps)
+            times = [t * 1e3 for t in timer(*args).results]
+    else:
+        from pipelines.models import build_model
+        from pipelines.torch_ref import make_sgd, train_step
+
+        model = build_model(spec["model"]).train()
+        model.load_state_dict(torch.load(spec["weights"], weights_only=True))
+        trainable = None if case == "torch_eager_full" else spec["trainable"]
+        opt = make_sgd(model, spec["optimizer"], trainable)
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+        times = []
+        with PeakRSS() as peak:
+            for _ in range(warmup):
+                train_step(model, opt, tx, ty)
+            for _ in range(steps):
+                start = time.perf_counter()
+                train_step(model, opt, tx, ty)
+                times.append((time.perf_counter() - start) * 1e3)
+    return {"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
+            "peak_rss_bytes": peak.above_baseline_bytes, "steps": len(times)}
