@@ -1,0 +1,87 @@
+"""finetune: transfer the pre-trained model to new classes with the compiled step.
+
+The model was pre-trained on ``data.pretrain_classes``; here it learns ``data.finetune_classes``
+(real scikit-learn digits) with the host build of the compiled, sparse training step. PyTorch
+performs the same update (same scheme, optimizer, batches and order) beside it.
+Outputs (artifacts/finetune/): metrics.json, loss.json and accuracy.json (DVC plots), and
+weights.pt, the fine-tuned state dict, which loads into the PyTorch model.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
+from pipelines.config import load_params, require
+from pipelines.models import build_model
+from pipelines.step import CompiledStep, load_initial
+from pipelines.torch_ref import accuracy, batches, make_sgd, seed_everything, train_step
+
+OUT = ARTIFACTS / "finetune"
+BUILD = ARTIFACTS / "build" / "host"
+DATA = ARTIFACTS / "data" / "digits.npz"
+WEIGHTS = ARTIFACTS / "pretrain" / "weights.pt"
+INITIAL = ARTIFACTS / "lower" / "params.npz"
+
+
+def main() -> None:
+    params = load_params()
+    model_cfg, opt_cfg = require(params, "model"), require(params, "optimizer")
+    epochs, seed = int(require(params, "finetune.epochs")), int(require(params, "seed"))
+    seed_everything(seed)
+    data = np.load(DATA)
+    x, y = data["finetune_train_x"], data["finetune_train_y"]
+    test_x, test_y = data["finetune_test_x"], data["finetune_test_y"]
+    batch = int(model_cfg["batch_size"])
+
+    compiled = CompiledStep(BUILD, load_initial(INITIAL))
+    trainable = [compiled.signature["torch_names"][p] for p in compiled.signature["trainable"]]
+    reference = build_model(model_cfg).train()
+    reference.load_state_dict(torch.load(WEIGHTS, weights_only=True))
+    optimizer = make_sgd(reference, opt_cfg, trainable)
+    evaluator = build_model(model_cfg)  # holds the compiled step's weights for evaluation
+
+    def compiled_accuracy() -> float:
+        evaluator.load_state_dict(compiled.torch_state_dict(), strict=False)
+        return accuracy(evaluator, test_x, test_y)
+
+    start = accuracy(reference, test_x, test_y)
+    losses, accuracies, step = [], [{"epoch": 0, "compiled": start, "pytorch": start}], 0
+    for epoch in range(epochs):
+        for index in batches(len(x), batch, seed, epoch):
+            loss_c = compiled.step(x[index], y[index])
+            loss_t = train_step(reference, optimizer, torch.from_numpy(x[index]),
+                                torch.from_numpy(y[index]))
+            step += 1
+            losses.append({"step": step, "compiled": loss_c, "pytorch": loss_t})
+        accuracies.append({"epoch": epoch + 1, "compiled": compiled_accuracy(),
+                           "pytorch": accuracy(reference, test_x, test_y)})
+        print(f"epoch {epoch + 1}: loss compiled {np.mean([r['compiled'] for r in losses[-50:]]):.4f}"
+              f" pytorch {np.mean([r['pytorch'] for r in losses[-50:]]):.4f}; accuracy "
+              f"compiled {accuracies[-1]['compiled']:.3f} pytorch {accuracies[-1]['pytorch']:.3f}",
+              flush=True)
+    last = max(1, len(losses) // max(1, epochs))
+    metrics = {
+        "scheme": compiled.signature["scheme"],
+        "task": "digits: pre-trained on classes "
+                f"{params['data']['pretrain_classes']}, fine-tuned on {params['data']['finetune_classes']}",
+        "steps": step,
+        "accuracy_before": start,
+        "accuracy_compiled": accuracies[-1]["compiled"],
+        "accuracy_pytorch": accuracies[-1]["pytorch"],
+        "final_epoch_loss_compiled": float(np.mean([r["compiled"] for r in losses[-last:]])),
+        "final_epoch_loss_pytorch": float(np.mean([r["pytorch"] for r in losses[-last:]])),
+        "max_abs_loss_difference": float(max(abs(r["compiled"] - r["pytorch"]) for r in losses)),
+    }
+    with atomic_dir(OUT) as tmp:
+        write_json_atomic(tmp / "metrics.json", metrics)
+        write_json_atomic(tmp / "loss.json", losses)
+        write_json_atomic(tmp / "accuracy.json", accuracies)
+        torch.save(compiled.torch_state_dict(), tmp / "weights.pt")
+        write_manifest(tmp, "finetune", {"build": BUILD, "data": DATA, "weights": WEIGHTS},
+                       {"finetune": params["finetune"], "optimizer": opt_cfg})
+    print(metrics)
+
+
+if __name__ == "__main__":
+    main()
