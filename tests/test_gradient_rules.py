@@ -1,0 +1,89 @@
+"""Each gradient rule pockengine registers (and TVM's depthwise conv rule that MobileNetV2 relies
+on) against PyTorch autograd: d/d(inputs) of sum(op(inputs) * r) for a random r."""
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+from pipelines.irutil import tensor_type
+from stages.autodiff import rules  # noqa: F401  (registers the rules)
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def relax_grads(make_output, shapes, values, weight):
+    """Gradients of sum(make_output(*inputs) * weight) w.r.t. every input, via Relax Gradient."""
+    inputs = [relax.Var(f"a{i}", tensor_type(s, "float32")) for i, s in enumerate(shapes)]
+    bb = relax.BlockBuilder()
+    with bb.function("f", inputs):
+        with bb.dataflow():
+            out = bb.emit(make_output(*inputs))
+            loss = bb.emit_output(relax.op.sum(relax.op.multiply(out, relax.const(weight))))
+        bb.emit_func_output(loss)
+    mod = relax.transform.Gradient("f")(bb.get())
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    _, grads = vm["f_adjoint"](*[tvm.runtime.tensor(v) for v in values])
+    return [g.numpy() for g in grads]
+
+
+def torch_grads(fn, values, weight):
+    tensors = [torch.tensor(v, requires_grad=True) for v in values]
+    (fn(*tensors) * torch.tensor(weight)).sum().backward()
+    return [t.grad.numpy() for t in tensors]
+
+
+def test_clip_matches_hardtanh_backward():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((4, 8, 5, 5)) * 4).astype("float32")
+    x[0, 0, 0, :2] = [0.0, 6.0]  # exactly at the bounds: PyTorch passes no gradient there
+    w = rng.standard_normal(x.shape).astype("float32")
+    got = relax_grads(lambda a: relax.op.clip(a, 0.0, 6.0), [x.shape], [x], w)
+    want = torch_grads(lambda a: torch.nn.functional.relu6(a), [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
+@pytest.mark.parametrize("shape", [(8, 6, 5, 5), (4, 3, 1, 1), (16, 10)])
+def test_batch_norm_training_matches_autograd(shape):
+    rng = np.random.default_rng(1)
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 3 + 1).astype("float32")
+    gamma = rng.uniform(0.5, 1.5, c).astype("float32")
+    beta = rng.standard_normal(c).astype("float32")
+    w = rng.standard_normal(shape).astype("float32")
+
+    def bn_relax(a, g, b):
+        stats = relax.const(np.zeros(c, "float32")), relax.const(np.ones(c, "float32"))
+        return relax.TupleGetItem(relax.op.nn.batch_norm(a, g, b, *stats, axis=1,
+                                                          epsilon=1e-5, training=True), 0)
+
+    got = relax_grads(bn_relax, [shape, (c,), (c,)], [x, gamma, beta], w)
+    want = torch_grads(lambda a, g, b: torch.nn.functional.batch_norm(
+        a, None, None, g, b, training=True, eps=1e-5), [x, gamma, beta], w)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, rtol=1e-3, atol=1e-4)
+
+
+def test_depthwise_conv_gradient_matches_autograd():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 6, 9, 9)).astype("float32")
+    k = rng.standard_normal((6, 1, 3, 3)).astype("float32")
+    w = rng.standard_normal((2, 6, 5, 5)).astype("float32")
+    got = relax_grads(lambda a, b: relax.op.nn.conv2d(a, b, strides=2, padding=1, groups=6),
+                      [x.shape, k.shape], [x, k], w)
+    want = torch_grads(lambda a, b: torch.nn.functional.conv2d(a, b, stride=2, padding=1,
+                                                               groups=6), [x, k], w)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, rtol=1e-4, atol=1e-4)
+
+
+def test_op_without_rule_is_named_with_its_binding():
+    x = relax.Var("x", tensor_type((3,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit(relax.op.erf(x))
+            bb.emit_output(out)
+        bb.emit_func_output(out)
+    missing = rules.ops_without_gradient(bb.get()["main"])
+    assert missing == [("relax.erf", out.name)]
