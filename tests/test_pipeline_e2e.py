@@ -1,0 +1,58 @@
+"""The whole pipeline with DVC in a temporary copy of the repository (a small configuration):
+every artifact appears, a second `dvc repro` runs nothing, and changing one parameter reruns
+only the stages that depend on it."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["pretrain.epochs=1", "finetune.epochs=1", "benchmark.warmup=1", "benchmark.steps=3"]
+
+
+def run(cmd, cwd):
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    assert result.returncode == 0, f"{cmd} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def ran_stages(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+@pytest.mark.slow
+def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
+    repo = tmp_path / "repo"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    for name in tracked:
+        if (ROOT / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, repo / name)
+    shutil.rmtree(repo / "artifacts", ignore_errors=True)
+    (repo / "dvc.lock").unlink(missing_ok=True)
+    run(["git", "init", "-q"], repo)
+    compose = [sys.executable, "-m", "pipelines.cli", "compose"]
+    run(compose + SMALL, repo)
+
+    first = run(["dvc", "repro"], repo)
+    assert {"data", "pretrain", "import", "lower", "autodiff", "sparse_prune", "optimize",
+            "build@host", "benchmark@host", "finetune", "report"} <= ran_stages(first)
+    for path in ["import/model.pt2", "import/model.onnx", "lower/model.relax.py",
+                 "autodiff/train_step.relax.py", "prune/train_step.relax.py", "prune/report.json",
+                 "optimize/plan.json", "build/host/step.so", "build/host/manifest.json",
+                 "benchmark/host.json", "finetune/metrics.json", "finetune/loss.json",
+                 "report.md"]:
+        assert (repo / "artifacts" / path).is_file(), path
+
+    second = run(["dvc", "repro"], repo)
+    assert ran_stages(second) == set()
+
+    run(compose + SMALL[:1] + ["finetune.epochs=2"] + SMALL[2:], repo)
+    status = run(["dvc", "status"], repo)
+    assert re.findall(r"^(\S+):$", status, flags=re.M) == ["finetune"]
+    third = run(["dvc", "repro"], repo)
+    assert ran_stages(third) == {"finetune", "report"}

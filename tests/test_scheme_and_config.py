@@ -1,0 +1,95 @@
+"""Schemes select what they say, bad input is rejected naming file/key/allowed values, and
+writes are atomic."""
+import numpy as np
+import pytest
+
+from pipelines.artifacts import atomic_dir, save_arrays
+from pipelines.compose import compose_text, is_stale
+from pipelines.config import ConfigError, load_profile
+from pipelines.models import MobileNetV2
+from stages.importer.__main__ import describe_layers
+from stages.prune.scheme import select
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return describe_layers(MobileNetV2(width=0.35))
+
+
+def scheme(*rules):
+    return {"name": "test", "rules": list(rules)}
+
+
+def test_mbv2_paper_selects_first_pointwise_of_last_blocks_and_classifier(layers):
+    chosen = select(scheme({"name": "pw", "modules": ["features.*.conv.0.0"],
+                            "kinds": ["conv_pointwise"], "blocks": {"last": 7},
+                            "update": "weight"},
+                           {"name": "head", "modules": ["classifier.*"], "update": "both"}),
+                    layers)
+    assert chosen == [f"features.{i}.conv.0.0.weight" for i in range(11, 18)] + [
+        "classifier.1.weight", "classifier.1.bias"]
+
+
+def test_bias_only_selects_norm_shifts_and_linear_bias(layers):
+    chosen = select(scheme({"name": "b", "modules": ["*"], "update": "bias"}), layers)
+    assert chosen and all(n.endswith(".bias") for n in chosen)
+    assert "classifier.1.bias" in chosen and "features.0.1.bias" in chosen
+
+
+@pytest.mark.parametrize("rule, message", [
+    ({"name": "typo", "modules": ["feature.*"]}, "module pattern 'feature.*' matches no layer"),
+    ({"name": "empty", "modules": ["classifier.*"], "kinds": ["conv_depthwise"]},
+     "selects no parameter"),
+    ({"name": "upd", "update": "weights"}, "allowed: ['bias', 'both', 'weight']"),
+    ({"name": "blk", "blocks": {"last": 99}}, "allowed: 1..17"),
+    ({"name": "kind", "kinds": ["lstm"]}, "kinds ['lstm'] unknown"),
+    ({"name": "key", "channels": 0.5, "extra": 1}, "unknown keys"),
+])
+def test_bad_rules_are_rejected_naming_the_rule(layers, rule, message):
+    with pytest.raises(ConfigError) as err:
+        select(scheme(rule), layers)
+    assert f"rule {rule['name']!r}" in str(err.value) and message in str(err.value)
+    assert "params.yaml" in str(err.value)
+
+
+def test_scheme_without_rules_is_rejected(layers):
+    with pytest.raises(ConfigError, match="has no rules"):
+        select({"name": "none", "rules": []}, layers)
+
+
+def test_unknown_device_lists_the_profiles():
+    with pytest.raises(ConfigError) as err:
+        load_profile("rpi9")
+    assert "'rpi9'" in str(err.value) and "['host'" in str(err.value)
+
+
+def test_compose_rejects_unknown_scheme_and_device():
+    with pytest.raises(ConfigError, match="mbv2_paper"):  # Hydra lists the options
+        compose_text(["sparse=mbv2_papr"])
+    with pytest.raises(ConfigError, match="allowed: \\['host'"):
+        compose_text(["devices=[host,jetson9]"])
+
+
+def test_committed_params_yaml_is_composed_from_conf():
+    assert not is_stale(), "params.yaml is stale: run `pock compose` and commit it"
+
+
+def test_atomic_dir_leaves_nothing_behind_on_failure(tmp_path):
+    final = tmp_path / "stage"
+    with atomic_dir(final) as tmp:
+        (tmp / "a.txt").write_text("first")
+    with pytest.raises(RuntimeError):
+        with atomic_dir(final) as tmp:
+            (tmp / "a.txt").write_text("partial")
+            raise RuntimeError("killed half-way")
+    assert (final / "a.txt").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stage"]
+
+
+def test_saved_arrays_are_byte_identical(tmp_path):
+    arrays = {"w": np.arange(6, dtype="float32").reshape(2, 3), "b": np.ones(3)}
+    save_arrays(tmp_path / "a.npz", arrays)
+    save_arrays(tmp_path / "b.npz", arrays)
+    assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
+    with np.load(tmp_path / "a.npz") as loaded:
+        np.testing.assert_array_equal(loaded["w"], arrays["w"])
