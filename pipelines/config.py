@@ -79,3 +79,14 @@ def tvm_target(profile: dict):
     if profile.get("host"):
         target["host"] = dict(profile["host"])
     return tvm.target.Target(target)
+
+
+def run_stage(main) -> None:
+    """Run a stage's main: bad input ends in one line naming file and key, exit code 2."""
+    import sys
+
+    try:
+        main()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -11,7 +11,7 @@ import json
 import tvm
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.config import ConfigError, choose, load_params, require
+from pipelines.config import ConfigError, choose, load_params, require, run_stage
 from pipelines.ir import load_ir, save_ir
 from stages.autodiff.training import SGD, MissingGradientRule, build_train_step
 
@@ -47,4 +47,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -12,7 +12,7 @@ import multiprocessing
 import sys
 
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
-from pipelines.config import ConfigError, load_params, load_profile, require
+from pipelines.config import ConfigError, load_params, load_profile, require, run_stage
 from stages.benchmark.cases import run_case
 
 CASES = ["compiled", "torch_eager_full", "torch_eager_frozen"]
@@ -69,4 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

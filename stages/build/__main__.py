@@ -12,7 +12,7 @@ import sys
 import tvm
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_manifest
-from pipelines.config import load_profile, tvm_target
+from pipelines.config import load_profile, run_stage, tvm_target
 from pipelines.ir import load_ir
 
 OPTIMIZED = ARTIFACTS / "optimize" / "train_step.json"
@@ -34,4 +34,4 @@ def build(device: str) -> None:
 
 
 if __name__ == "__main__":
-    build(sys.argv[1])
+    run_stage(lambda: build(sys.argv[1]))

@@ -11,7 +11,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, save_arrays, write_manifest
-from pipelines.config import ConfigError, load_params, require
+from pipelines.config import ConfigError, load_params, require, run_stage
 
 OUT = ARTIFACTS / "data"
 
@@ -52,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

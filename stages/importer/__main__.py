@@ -12,7 +12,7 @@ import io
 import torch
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.config import load_params, require
+from pipelines.config import load_params, require, run_stage
 from pipelines.models import build_model, example_input
 
 OUT = ARTIFACTS / "import"
@@ -66,4 +66,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

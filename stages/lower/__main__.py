@@ -12,6 +12,7 @@ import torch
 import tvm
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, save_arrays, write_json_atomic, write_manifest
+from pipelines.config import run_stage
 from pipelines.ir import save_ir
 from stages.lower.translate import translate
 
@@ -35,4 +36,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

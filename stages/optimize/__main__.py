@@ -5,6 +5,7 @@ Outputs (artifacts/optimize/): train_step.relax.py / .json (fused), plan.json.
 from __future__ import annotations
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
+from pipelines.config import run_stage
 from pipelines.ir import load_ir, save_ir
 from stages.optimize.passes import memory_plan, optimize
 
@@ -24,4 +25,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

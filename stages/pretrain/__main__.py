@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.config import load_params, require
+from pipelines.config import load_params, require, run_stage
 from pipelines.models import build_model
 from pipelines.torch_ref import accuracy, batches, make_sgd, seed_everything, train_step
 
@@ -44,4 +44,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

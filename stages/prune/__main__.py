@@ -13,7 +13,7 @@ import math
 import tvm
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.config import load_params, require
+from pipelines.config import load_params, require, run_stage
 from pipelines.ir import count_ops, graph_cost, load_ir, save_ir
 from stages.prune.prune import prune_step
 from stages.prune.scheme import select
@@ -67,4 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from pipelines.artifacts import ARTIFACTS, write_text_atomic
-from pipelines.config import load_params, require
+from pipelines.config import load_params, require, run_stage
 
 
 def _mib(n: float) -> str:
@@ -77,4 +77,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)
