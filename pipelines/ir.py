@@ -1,11 +1,34 @@
-"""Relax IR on disk: JSON for the next stage to load, TVMScript text for people to read."""
+"""Relax IR helpers every room shares: types (TVM 0.27 renamed StructInfo to ``Type``:
+``var.ty``), sizes and costs, and IR on disk (JSON for the next stage, TVMScript for people)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import tvm
+from tvm import relax
 
 from pipelines.artifacts import write_text_atomic
+
+
+def shape_of(expr_or_type) -> list[int]:
+    """Static shape of a tensor-typed Relax expression (or of a TensorType)."""
+    ty = getattr(expr_or_type, "ty", expr_or_type)
+    return [int(d) for d in ty.shape.values]
+
+
+def dtype_of(expr_or_type) -> str:
+    ty = getattr(expr_or_type, "ty", expr_or_type)
+    return str(ty.dtype.dtype)
+
+
+def nbytes(expr_or_type) -> int:
+    return tvm.runtime.DataType(dtype_of(expr_or_type)).bits // 8 * math.prod(
+        shape_of(expr_or_type))
+
+
+def tensor_type(shape, dtype: str) -> relax.TensorType:
+    return relax.TensorType(list(shape), dtype)
 
 
 def save_ir(mod: tvm.IRModule, directory: Path, stem: str) -> None:
@@ -19,8 +42,6 @@ def load_ir(path: Path) -> tvm.IRModule:
 
 def count_ops(func) -> dict[str, int]:
     """Operator name -> number of calls in a Relax function (TIR calls by callee name)."""
-    from tvm import relax
-
     counts: dict[str, int] = {}
 
     def visit(expr):
@@ -35,20 +56,11 @@ def count_ops(func) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def _tensor_shapes(ty) -> list[list[int]]:
-    from tvm import relax
-
+def _tensor_types(ty) -> list[relax.TensorType]:
     if isinstance(ty, relax.TensorType) and ty.shape is not None:
-        return [[int(d) for d in ty.shape.values]]
+        return [ty]
     if isinstance(ty, relax.TupleType):
-        return [s for field in ty.fields for s in _tensor_shapes(field)]
+        return [t for field in ty.fields for t in _tensor_types(field)]
     return []
 
 
@@ -56,34 +68,25 @@ def op_cost(call) -> tuple[int, int]:
     """(FLOPs, bytes written) of one high-level Relax call, before legalization.
 
     Convolutions and matmuls count 2 FLOPs per multiply-accumulate; other ops one per output
-    element. Bytes are the float32 sizes of the values the call produces."""
-    from tvm import relax
-
-    out_shapes = _tensor_shapes(call.ty)
-    written = sum(4 * _numel(s) for s in out_shapes)
+    element. Bytes are the sizes of the values the call produces."""
+    outs = _tensor_types(call.ty)
+    written = sum(nbytes(t) for t in outs)
     name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
     if name in ("relax.nn.conv2d", "relax.nn.conv2d_transpose"):
-        w = [int(d) for d in call.args[1].ty.shape.values]
-        data = [int(d) for d in call.args[0].ty.shape.values]
-        out = out_shapes[0]
-        groups = int(call.attrs.groups)
+        data, w = shape_of(call.args[0]), shape_of(call.args[1])
         if name == "relax.nn.conv2d":
-            layout = str(call.attrs.data_layout)
-            cin = data[layout.index("C")]
-            macs = _numel(out) * (cin // groups) * w[2] * w[3]
+            cin = data[str(call.attrs.data_layout).index("C")]
+            macs = math.prod(shape_of(outs[0])) * (cin // int(call.attrs.groups)) * w[2] * w[3]
         else:  # transpose: every input element meets a (cout/groups x kh x kw) slice
-            macs = _numel(data) * (w[1]) * w[2] * w[3]
+            macs = math.prod(data) * w[1] * w[2] * w[3]
         return 2 * macs, written
     if name == "relax.matmul":
-        k = int(call.args[0].ty.shape.values[-1])
-        return 2 * _numel(out_shapes[0]) * k, written
-    return sum(_numel(s) for s in out_shapes), written
+        return 2 * math.prod(shape_of(outs[0])) * shape_of(call.args[0])[-1], written
+    return sum(math.prod(shape_of(t)) for t in outs), written
 
 
 def graph_cost(func) -> dict:
     """Op count, FLOPs and bytes produced by every call bound in ``func``."""
-    from tvm import relax
-
     ops = flops = written = 0
     for block in func.body.blocks:
         for binding in block.bindings:

@@ -6,7 +6,7 @@ import torch
 import tvm
 from tvm import relax
 
-from pipelines.irutil import tensor_type
+from pipelines.ir import tensor_type
 from stages.autodiff import rules  # noqa: F401  (registers the rules)
 
 TOL = dict(rtol=1e-4, atol=1e-5)

@@ -12,7 +12,7 @@ from tvm.relax.op import (add, divide, greater, less, logical_and, mean, multipl
 from tvm.relax.op.base import register_gradient
 from tvm.relax.op._op_gradient import no_grad
 
-from pipelines.irutil import dtype_of, shape_of
+from pipelines.ir import dtype_of, shape_of
 
 
 def clip_grad(orig_var, orig_call, output_grad, ctx):

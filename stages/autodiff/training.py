@@ -17,7 +17,7 @@ from tvm import relax
 from tvm.relax.training import AppendLoss
 from tvm.relax.training.loss import CrossEntropyLoss
 
-from pipelines.irutil import dtype_of, tensor_type
+from pipelines.ir import dtype_of, tensor_type
 from stages.autodiff import rules
 
 

@@ -16,7 +16,7 @@ from torch.export.graph_signature import InputKind
 from tvm import relax
 from tvm.relax.frontend.torch import from_exported_program
 
-from pipelines.irutil import dtype_of, shape_of, tensor_type
+from pipelines.ir import dtype_of, shape_of, tensor_type
 
 
 @dataclass

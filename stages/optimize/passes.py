@@ -4,6 +4,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from pipelines.ir import nbytes
+
 # Operator fusion works on legalized TIR: elementwise and broadcast work (the SGD update, batch
 # norm arithmetic, ReLU6 masks) folds into the kernel that produces its input.
 FUSION = [
@@ -30,17 +32,6 @@ def optimize(mod: tvm.IRModule) -> tvm.IRModule:
     return tvm.transform.Sequential(FUSION)(mod)
 
 
-def _bytes(ty) -> int:
-    return int(tvm.runtime.DataType(str(ty.dtype.dtype)).bits // 8) * _numel(ty)
-
-
-def _numel(ty) -> int:
-    n = 1
-    for d in ty.shape.values:
-        n *= int(d)
-    return n
-
-
 def memory_plan(mod: tvm.IRModule) -> dict:
     """Bytes the VM holds for one step after static planning: inputs (weights, state, batch),
     planned storage for intermediates (reused across their lifetimes), and outputs."""
@@ -54,9 +45,9 @@ def memory_plan(mod: tvm.IRModule) -> dict:
             if expr.op.name == "relax.memory.alloc_storage":
                 storage += int(expr.args[0].values[0])
             elif expr.op.name == "relax.builtin.alloc_tensor":
-                outputs += _bytes(expr.ty)
+                outputs += nbytes(expr.ty)
 
     relax.analysis.post_order_visit(func.body, visit)
-    inputs = sum(_bytes(p.ty) for p in func.params)
+    inputs = sum(nbytes(p.ty) for p in func.params)
     return {"inputs_bytes": inputs, "planned_storage_bytes": storage,
             "outputs_bytes": outputs, "planned_peak_bytes": inputs + storage + outputs}
