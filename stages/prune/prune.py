@@ -12,31 +12,28 @@ from tvm import relax
 
 def prune_step(step: relax.Function, signature: dict, trainable: set[str]) -> tuple:
     """Keep only the updates of ``trainable`` (Relax parameter names); return the pruned step
-    and its signature."""
+    and its signature. The full step's layout (stages/autodiff/training.py) is
+    inputs  (x, y, *params, *buffers, *momenta)  and
+    outputs (loss, *new_params, *new_momenta, *new_buffers)."""
     P, inputs, outputs = signature["num_params"], signature["inputs"], signature["outputs"]
-    params = inputs[2:2 + P]
-    keep_in = [i for i, name in enumerate(inputs)
-               if not name.startswith("m_") or name[2:] in trainable]
-    keep_out = [i for i, name in enumerate(outputs)
-                if not name.startswith(("new_p_", "new_m_"))
-                or name.removeprefix("new_").removeprefix("m_") in trainable]
+    B = len(inputs) - 2 - 2 * P
+    kept = [i for i, name in enumerate(inputs[2:2 + P]) if name in trainable]
+    keep_in = list(range(2 + P + B)) + [2 + P + B + i for i in kept]
+    keep_out = [0] + [1 + i for i in kept] + [1 + P + i for i in kept] + \
+        list(range(1 + 2 * P, 1 + 2 * P + B))
     body = step.body
-    fields = body.body.fields
-    bb = relax.BlockBuilder()
-    narrowed = relax.Function(step.params, bb.normalize(relax.SeqExpr(
-        body.blocks, relax.Tuple([fields[i] for i in keep_out]))))
-    narrowed = narrowed.with_attr("global_symbol", "train_step")
+    narrowed = relax.Function(step.params, relax.BlockBuilder().normalize(relax.SeqExpr(
+        body.blocks, relax.Tuple([body.body.fields[i] for i in keep_out]))))
     pruned = relax.transform.DeadCodeElimination(["train_step"])(
-        tvm.IRModule({"train_step": narrowed}))["train_step"]
+        tvm.IRModule({"train_step": narrowed.with_attr("global_symbol", "train_step")})
+    )["train_step"]
     # Momenta of frozen parameters are now unused: drop them from the signature too.
-    used = set(relax.analysis.free_vars(pruned.body))
-    dropped = [pruned.params[i].name for i in range(len(inputs)) if i not in keep_in]
-    assert not any(pruned.params[i] in used for i in range(len(inputs)) if i not in keep_in), \
-        f"pruned step still reads {dropped}"
+    still_read = set(relax.analysis.free_vars(pruned.body))
+    dropped = [p for i, p in enumerate(pruned.params) if i not in keep_in]
+    assert not still_read & set(dropped), "pruned step still reads a dropped momentum"
     pruned = relax.Function([pruned.params[i] for i in keep_in], pruned.body)
-    pruned = pruned.with_attr("global_symbol", "train_step")
     new_signature = dict(signature,
                          inputs=[inputs[i] for i in keep_in],
                          outputs=[outputs[i] for i in keep_out],
-                         trainable=[p for p in params if p in trainable])
-    return pruned, new_signature
+                         trainable=[inputs[2 + i] for i in kept])
+    return pruned.with_attr("global_symbol", "train_step"), new_signature
