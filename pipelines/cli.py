@@ -1,7 +1,7 @@
 """The `pock` command line.
 
 Exit codes: 0 success; 1 a check failed (stale params.yaml); 2 bad input (config, scheme,
-device) with a message naming the file and key; 3 a stage failed.
+device) with a message naming the file and key.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 
 from pipelines.config import ConfigError
 
-EXIT_OK, EXIT_CHECK, EXIT_INPUT, EXIT_STAGE = 0, 1, 2, 3
+EXIT_OK, EXIT_CHECK, EXIT_INPUT = 0, 1, 2
 
 
 def cmd_compose(args) -> int:

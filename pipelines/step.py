@@ -42,14 +42,22 @@ class CompiledStep:
             self.state[name] = value
         return float(outputs[0].numpy())
 
-    def numpy_state(self) -> dict[str, np.ndarray]:
-        return {name: value.numpy() for name, value in self.state.items()}
-
     def torch_state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers under their PyTorch names (for ``load_state_dict``)."""
         names = self.signature["torch_names"]
         return {names[n]: torch.from_numpy(v.numpy()) for n, v in self.state.items()
                 if n in names}
+
+    def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Copy the step's weights and running statistics into ``model``. Only batch-norm
+        ``num_batches_tracked`` counters are not carried (a fixed momentum never reads them)."""
+        state = self.torch_state_dict()
+        untracked = [k for k in model.state_dict() if k not in state
+                     and not k.endswith("num_batches_tracked")]
+        if untracked:
+            raise KeyError(f"compiled step holds no value for {untracked}")
+        model.load_state_dict(state, strict=False)
+        return model
 
 
 def load_initial(path: Path) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ from pipelines.artifacts import atomic_dir, save_arrays
 from pipelines.compose import compose_text, is_stale
 from pipelines.config import ConfigError, load_profile
 from pipelines.models import MobileNetV2
-from stages.importer.__main__ import describe_layers
+from stages.importer.layers import describe_layers
 from stages.prune.scheme import select
 
 

@@ -82,21 +82,11 @@ def register() -> None:
 
 
 def ops_without_gradient(func: relax.Function) -> list[tuple[str, str]]:
-    """(op name, binding var name) of each call in ``func`` that has no gradient rule."""
-    missing: list[tuple[str, str]] = []
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-            if expr.op.get_attr("FPrimalGradient") is None:
-                missing.append(expr.op.name)
-
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            before = len(missing)
-            visit(binding.value)
-            if len(missing) > before:
-                missing[-1] = (missing[-1], binding.var.name)
-    return missing
+    """(op name, binding var name) of each bound call in ``func`` that has no gradient rule."""
+    return [(binding.value.op.name, binding.var.name)
+            for block in func.body.blocks for binding in block.bindings
+            if isinstance(binding.value, relax.Call) and isinstance(binding.value.op, tvm.ir.Op)
+            and binding.value.op.get_attr("FPrimalGradient") is None]
 
 
 register()

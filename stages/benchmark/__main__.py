@@ -54,8 +54,10 @@ def benchmark(device: str) -> dict:
             results["torch_eager_full"]["median_ms"] / compiled["median_ms"],
         "speedup_vs_torch_eager_frozen":
             results["torch_eager_frozen"]["median_ms"] / compiled["median_ms"],
+        # null when PyTorch's peak did not rise above its baseline (nothing to divide by)
         "memory_ratio_vs_torch_eager_full":
-            compiled["peak_rss_bytes"] / max(1, results["torch_eager_full"]["peak_rss_bytes"]),
+            compiled["peak_rss_bytes"] / results["torch_eager_full"]["peak_rss_bytes"]
+            if results["torch_eager_full"]["peak_rss_bytes"] else None,
     }
 
 

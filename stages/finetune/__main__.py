@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.config import load_params, require, run_stage
+from pipelines.config import ConfigError, load_params, require, run_stage
 from pipelines.models import build_model
 from pipelines.step import CompiledStep, load_initial
 from pipelines.torch_ref import accuracy, batches, make_sgd, seed_everything, train_step
@@ -28,6 +28,8 @@ def main() -> None:
     params = load_params()
     model_cfg, opt_cfg = require(params, "model"), require(params, "optimizer")
     epochs, seed = int(require(params, "finetune.epochs")), int(require(params, "seed"))
+    if epochs < 1:
+        raise ConfigError(f"params.yaml: finetune.epochs={epochs}; allowed: 1 or more")
     seed_everything(seed)
     data = np.load(DATA)
     x, y = data["finetune_train_x"], data["finetune_train_y"]
@@ -40,14 +42,15 @@ def main() -> None:
     reference.load_state_dict(torch.load(WEIGHTS, weights_only=True))
     optimizer = make_sgd(reference, opt_cfg, trainable)
     evaluator = build_model(model_cfg)  # holds the compiled step's weights for evaluation
+    evaluator.load_state_dict(torch.load(WEIGHTS, weights_only=True))
 
     def compiled_accuracy() -> float:
-        evaluator.load_state_dict(compiled.torch_state_dict(), strict=False)
-        return accuracy(evaluator, test_x, test_y)
+        return accuracy(compiled.load_into(evaluator), test_x, test_y)
 
     start = accuracy(reference, test_x, test_y)
     losses, accuracies, step = [], [{"epoch": 0, "compiled": start, "pytorch": start}], 0
     for epoch in range(epochs):
+        first = len(losses)
         for index in batches(len(x), batch, seed, epoch):
             loss_c = compiled.step(x[index], y[index])
             loss_t = train_step(reference, optimizer, torch.from_numpy(x[index]),
@@ -56,11 +59,12 @@ def main() -> None:
             losses.append({"step": step, "compiled": loss_c, "pytorch": loss_t})
         accuracies.append({"epoch": epoch + 1, "compiled": compiled_accuracy(),
                            "pytorch": accuracy(reference, test_x, test_y)})
-        print(f"epoch {epoch + 1}: loss compiled {np.mean([r['compiled'] for r in losses[-50:]]):.4f}"
-              f" pytorch {np.mean([r['pytorch'] for r in losses[-50:]]):.4f}; accuracy "
+        epoch_losses = losses[first:]
+        print(f"epoch {epoch + 1}: loss compiled "
+              f"{np.mean([r['compiled'] for r in epoch_losses]):.4f} pytorch "
+              f"{np.mean([r['pytorch'] for r in epoch_losses]):.4f}; accuracy "
               f"compiled {accuracies[-1]['compiled']:.3f} pytorch {accuracies[-1]['pytorch']:.3f}",
               flush=True)
-    last = max(1, len(losses) // max(1, epochs))
     metrics = {
         "scheme": compiled.signature["scheme"],
         "task": "digits: pre-trained on classes "
@@ -69,15 +73,15 @@ def main() -> None:
         "accuracy_before": start,
         "accuracy_compiled": accuracies[-1]["compiled"],
         "accuracy_pytorch": accuracies[-1]["pytorch"],
-        "final_epoch_loss_compiled": float(np.mean([r["compiled"] for r in losses[-last:]])),
-        "final_epoch_loss_pytorch": float(np.mean([r["pytorch"] for r in losses[-last:]])),
+        "final_epoch_loss_compiled": float(np.mean([r["compiled"] for r in epoch_losses])),
+        "final_epoch_loss_pytorch": float(np.mean([r["pytorch"] for r in epoch_losses])),
         "max_abs_loss_difference": float(max(abs(r["compiled"] - r["pytorch"]) for r in losses)),
     }
     with atomic_dir(OUT) as tmp:
         write_json_atomic(tmp / "metrics.json", metrics)
         write_json_atomic(tmp / "loss.json", losses)
         write_json_atomic(tmp / "accuracy.json", accuracies)
-        torch.save(compiled.torch_state_dict(), tmp / "weights.pt")
+        torch.save(compiled.load_into(evaluator).state_dict(), tmp / "weights.pt")
         write_manifest(tmp, "finetune", {"build": BUILD, "data": DATA, "weights": WEIGHTS},
                        {"finetune": params["finetune"], "optimizer": opt_cfg})
     print(metrics)

@@ -51,6 +51,9 @@ def _batch_norm_training(state: _BufferState):
             relax.op.multiply(relax.TupleGetItem(bn, 2), relax.const(n / (n - 1), dtype)),
             relax.op.multiply(running_var, relax.const((1 - momentum) / (n - 1), dtype))))
         state.updates += [(running_mean, new_mean), (running_var, new_var)]
+        # The aten op returns (out, save_mean, save_rstd, new_mean, new_var); the forward graph
+        # reads only out and the new statistics, so slots 1-2 repeat those instead of emitting
+        # statistics nothing uses.
         return bb.emit(relax.Tuple([out, new_mean, new_var, new_mean, new_var]))
 
     return convert
