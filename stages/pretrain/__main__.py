@@ -23,12 +23,11 @@ def main() -> None:
     model_cfg, cfg = require(params, "model"), require(params, "pretrain")
     seed = int(require(params, "seed"))
     seed_everything(seed)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     data = np.load(DATA)
     x, y = data["pretrain_train_x"], data["pretrain_train_y"]
     model = build_model(model_cfg).train()
-    opt = make_sgd(model, {"lr": cfg["lr"], "momentum": 0.9, "weight_decay": 1e-4})
-    batch = 32
+    opt = make_sgd(model, cfg)
+    batch = int(cfg["batch_size"])
     for epoch in range(int(cfg["epochs"])):
         losses = [train_step(model, opt, torch.from_numpy(x[i]), torch.from_numpy(y[i]))
                   for i in batches(len(x), batch, seed, epoch)]
