@@ -87,3 +87,19 @@ def test_op_without_rule_is_named_with_its_binding():
         bb.emit_func_output(out)
     missing = rules.ops_without_gradient(bb.get()["main"])
     assert missing == [("relax.erf", out.name)]
+
+
+def test_missing_rule_error_names_the_pytorch_layer():
+    from stages.autodiff.training import SGD, MissingGradientRule, build_train_step
+    from stages.lower.translate import translate
+
+    class Erf(torch.nn.Module):
+        def forward(self, x):
+            return torch.erf(x)
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Sequential(Erf()),
+                                torch.nn.Linear(8, 3))
+    program = torch.export.export(model, (torch.zeros(2, 4),))
+    main, names, origins = translate(program)
+    with pytest.raises(MissingGradientRule, match=r"relax\.erf in layer 1\.0 \(Erf\)"):
+        build_train_step(main, len(names), SGD(lr=0.1), origins)

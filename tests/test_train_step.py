@@ -42,7 +42,7 @@ def model_and_program():
     torch.manual_seed(0)
     model = MobileNetV2(width=0.35, num_classes=10).train()
     program = torch.export.export(model, (torch.zeros(8, 3, 32, 32),))
-    main, names = translate(program)
+    main, names, _ = translate(program)
     num_params = sum(1 for kind, _ in names.values() if kind == "parameter")
     full, signature = build_train_step(main, num_params, SGD(**OPT))
     signature["torch_names"] = {n: t for n, (_, t) in names.items()}

@@ -31,9 +31,10 @@ def main() -> None:
     opt_cfg = require(params, "optimizer")
     names = json.loads((LOWER / "names.json").read_text())
     num_params = sum(1 for v in names.values() if v["kind"] == "parameter")
+    origins = json.loads((LOWER / "origins.json").read_text())
     main_fn = load_ir(LOWER / "model.json")["main"]
     try:
-        step, signature = build_train_step(main_fn, num_params, make_optimizer(opt_cfg))
+        step, signature = build_train_step(main_fn, num_params, make_optimizer(opt_cfg), origins)
     except MissingGradientRule as err:
         raise SystemExit(f"autodiff: {err}") from err
     signature["torch_names"] = {n: v["torch"] for n, v in names.items()}

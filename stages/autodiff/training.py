@@ -45,17 +45,22 @@ class MissingGradientRule(Exception):
     pass
 
 
-def build_train_step(main: relax.Function, num_params: int,
-                     optimizer: SGD) -> tuple[relax.Function, dict]:
+def build_train_step(main: relax.Function, num_params: int, optimizer: SGD,
+                     origins: dict[str, str] | None = None) -> tuple[relax.Function, dict]:
     """``main(x, *params, *buffers) -> (logits, *new_buffers)`` -> the training-step function.
 
+    ``origins`` maps binding names to the PyTorch module they came from (for error messages).
     Returns the function and its signature: input and output names in order."""
     missing = rules.ops_without_gradient(main)
     if missing:
         op, var = missing[0]
+        layer = (origins or {}).get(var, "unknown layer")
+        others = sorted({o for o, _ in missing[1:]} - {op})
         raise MissingGradientRule(
-            f"operator {op} (bound to {var}) has no gradient rule; register one in "
-            f"stages/autodiff/rules.py (known rules: {sorted(rules.RULES)} plus TVM's own)")
+            f"operator {op} in layer {layer} (bound to {var}) has no gradient rule"
+            + (f"; also without one: {', '.join(others)}" if others else "")
+            + f"; register one in stages/autodiff/rules.py (known rules: {sorted(rules.RULES)} "
+            "plus TVM's own)")
     x, params = main.params[0], list(main.params[1:1 + num_params])
     buffers = list(main.params[1 + num_params:])
     logits_type = main.body.body.fields[0].ty

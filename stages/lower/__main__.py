@@ -5,6 +5,7 @@ Outputs (artifacts/lower/):
   model.json      the same module, for the next stage
   params.npz      initial values of every parameter and buffer, by Relax name
   names.json      Relax name -> PyTorch state-dict name and kind (parameter or buffer)
+  origins.json    Relax binding name -> the PyTorch module it came from
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ PROGRAM = ARTIFACTS / "import" / "model.pt2"
 
 def main() -> None:
     program = torch.export.load(PROGRAM)
-    func, names = translate(program)
+    func, names, origins = translate(program)
     state = program.state_dict | dict(program.named_buffers())
     ordered = [v.name for v in func.params[1:]]
     values = {name: state[names[name][1]].detach().numpy() for name in ordered}
@@ -31,6 +32,7 @@ def main() -> None:
         save_ir(tvm.IRModule({"main": func}), tmp, "model")
         save_arrays(tmp / "params.npz", values)
         write_json_atomic(tmp / "names.json", table)
+        write_json_atomic(tmp / "origins.json", origins)
         write_manifest(tmp, "lower", {"program": PROGRAM}, {})
     print(f"lowered: {len(func.params) - 1} parameters and buffers")
 

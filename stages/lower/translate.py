@@ -5,6 +5,9 @@ drops their updates (it even returns zeros for the new running variance). A trai
 carry them, so this translator keeps every buffer as a function input and returns its new value:
 
     main(x, *parameters, *buffers) -> (logits, *new_buffers)
+
+It also records which PyTorch module each Relax binding came from, so later stages can name
+the layer behind an operator (e.g. one with no gradient rule).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.export.graph_signature import InputKind
 from tvm import relax
-from tvm.relax.frontend.torch import from_exported_program
+from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
 from pipelines.ir import dtype_of, shape_of, tensor_type
 
@@ -59,13 +62,55 @@ def _batch_norm_training(state: _BufferState):
     return convert
 
 
-def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, dict]:
-    """Translate; return ``main`` and the name table {relax name: (kind, torch name)}."""
-    state = _BufferState()
-    mod = from_exported_program(
-        program, keep_params_as_input=True, unwrap_unit_return_tuple=True,
-        custom_convert_map={"_native_batch_norm_legit_functional.default":
-                            _batch_norm_training(state)})
+def _module_of(node) -> str:
+    """The innermost PyTorch module an FX node ran in, as "path (Type)"."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "<model>"
+    path, kind = list(stack.values())[-1]
+    return f"{path or '<model>'} ({str(kind).rsplit('.', 1)[-1]})"
+
+
+def _recording(convert, produced: dict, takes_importer: bool):
+    """Wrap a converter so the Relax var it returns is tagged with the node's module."""
+
+    def wrapped(node, importer):
+        value = convert(node, importer) if takes_importer else convert(node)
+        if isinstance(value, relax.Var):
+            produced[value] = _module_of(node)
+        return value
+
+    return wrapped
+
+
+def _origins(func: relax.Function, produced: dict) -> dict[str, str]:
+    """{binding name: module}. A converter may emit several bindings and return only the last;
+    the ones before it belong to the same module, since converters emit in graph order."""
+    origins, pending = {}, []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            pending.append(binding.var.name)
+            if binding.var in produced:
+                origins.update(dict.fromkeys(pending, produced[binding.var]))
+                pending = []
+    return origins
+
+
+def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, dict, dict]:
+    """Translate; return ``main``, the name table {relax name: (kind, torch name)} and the
+    origin table {binding name: PyTorch module}."""
+    state, produced = _BufferState(), {}
+    # Core ATen ops, as TVM's from_exported_program does (adaptive pooling becomes a mean).
+    program = program.run_decompositions()
+    importer = ExportedProgramImporter()
+    converters = {name: _recording(fn, produced, takes_importer=False)
+                  for name, fn in importer.convert_map.items()}
+    converters["_native_batch_norm_legit_functional.default"] = _recording(
+        _batch_norm_training(state), produced, takes_importer=True)
+    mod = importer.from_exported_program(program, keep_params_as_input=True,
+                                         unwrap_unit_return_tuple=True,
+                                         no_bind_return_tuple=False,
+                                         custom_convert_map=converters)
     main = mod["main"]
     names: dict[str, tuple[str, str]] = {}
     for spec in program.graph_signature.input_specs:
@@ -85,4 +130,4 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
     new_body = relax.BlockBuilder().normalize(relax.SeqExpr(body.blocks, outputs))
     func = relax.Function(list(main.params) + buffer_vars, new_body)
     func = func.with_attr("global_symbol", "main").with_attr("num_input", 1)
-    return func, names
+    return func, names, _origins(func, produced)
