@@ -14,7 +14,7 @@ from tvm import relax
 
 
 class CompiledStep:
-    """A loaded ``train_step`` plus its state (parameters, buffers, optimizer momenta)."""
+    """A loaded ``train_step`` plus its state (parameters, buffers, optimizer state)."""
 
     def __init__(self, build_dir: Path, initial: dict[str, np.ndarray]):
         build_dir = Path(build_dir)
@@ -24,11 +24,16 @@ class CompiledStep:
                                        self.device)
         self.function = self.vm["train_step"]
         self.state_names = self.signature["inputs"][2:]
+        self.optimizer_state = self.signature["optimizer_state"]
         self.state = {}
         for name in self.state_names:
-            value = (np.zeros_like(initial[name.removeprefix("m_")]) if name.startswith("m_")
-                     else initial[name])
-            self.state[name] = tvm.runtime.tensor(np.ascontiguousarray(value), self.device)
+            if name in self.optimizer_state:  # optimizer state starts at zero, as in torch.optim
+                owner = self.optimizer_state[name]["param"]
+                value = (np.zeros_like(initial[owner]) if owner
+                         else np.zeros((), "float32"))
+            else:
+                value = initial[name]
+            self.state[name] = tvm.runtime.tensor(np.array(value, order="C"), self.device)
         # Output i (after the loss) is the new value of state entry updates[i].
         self.updates = [name.removeprefix("new_") for name in self.signature["outputs"][1:]]
 
@@ -58,6 +63,33 @@ class CompiledStep:
             raise KeyError(f"compiled step holds no value for {untracked}")
         model.load_state_dict(state, strict=False)
         return model
+
+
+    def torch_optimizer(self, model: torch.nn.Module):
+        """A ``torch.optim`` optimizer over the step's trainable parameters of ``model``, with
+        the same hyper-parameters and the compiled step's optimizer state loaded into it."""
+        names = self.signature["torch_names"]
+        trainable = self.signature["trainable"]
+        named = dict(model.named_parameters())
+        spec = self.signature["optimizer"]
+        optimizer = getattr(torch.optim, spec["torch_class"])(
+            [named[names[p]] for p in trainable], **spec["kwargs"])
+        state = optimizer.state_dict()
+        index = {p: i for i, p in enumerate(trainable)}
+        per_param: dict[int, dict] = {i: {} for i in range(len(trainable))}
+        shared = {}
+        for name, info in self.optimizer_state.items():
+            value = torch.from_numpy(self.state[name].numpy())
+            if info["param"] is None:
+                shared[info["torch"]] = value
+            else:
+                per_param[index[info["param"]]][info["torch"]] = value
+        if per_param and (shared or any(per_param.values())):
+            # torch.optim increments each parameter's step count in place: one copy each.
+            state["state"] = {i: slots | {k: v.clone() for k, v in shared.items()}
+                              for i, slots in per_param.items()}
+        optimizer.load_state_dict(state)
+        return optimizer
 
 
 def load_initial(path: Path) -> dict[str, np.ndarray]:

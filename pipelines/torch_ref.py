@@ -10,15 +10,23 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed)
 
 
-def make_sgd(model: torch.nn.Module, optimizer_cfg: dict, trainable: list[str] | None = None):
-    """SGD over ``trainable`` parameter names (all when None); the rest are frozen."""
+def make_optimizer(model: torch.nn.Module, cfg: dict, trainable: list[str] | None = None):
+    """The torch.optim optimizer ``cfg`` describes (name sgd, adam or adamw, as in
+    conf/optimizer) over ``trainable`` parameter names (all when None); the rest are frozen."""
     named = dict(model.named_parameters())
     names = list(named) if trainable is None else trainable
     for name, param in named.items():
         param.requires_grad_(name in names)
-    return torch.optim.SGD([named[n] for n in names], lr=float(optimizer_cfg["lr"]),
-                           momentum=float(optimizer_cfg["momentum"]),
-                           weight_decay=float(optimizer_cfg["weight_decay"]))
+    params = [named[n] for n in names]
+    kind = cfg.get("name", "sgd")
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=float(cfg["lr"]),
+                               momentum=float(cfg.get("momentum", 0.0)),
+                               weight_decay=float(cfg.get("weight_decay", 0.0)),
+                               nesterov=bool(cfg.get("nesterov", False)))
+    adam = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
+    return adam(params, lr=float(cfg["lr"]), betas=tuple(cfg.get("betas", (0.9, 0.999))),
+                eps=float(cfg.get("eps", 1e-8)), weight_decay=float(cfg.get("weight_decay", 0.0)))
 
 
 def train_step(model: torch.nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor) -> float:

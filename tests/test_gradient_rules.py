@@ -90,7 +90,8 @@ def test_op_without_rule_is_named_with_its_binding():
 
 
 def test_missing_rule_error_names_the_pytorch_layer():
-    from stages.autodiff.training import SGD, MissingGradientRule, build_train_step
+    from stages.autodiff.optimizers import SGD
+    from stages.autodiff.training import MissingGradientRule, build_train_step
     from stages.lower.translate import translate
 
     class Erf(torch.nn.Module):

@@ -21,8 +21,9 @@ import tvm
 
 from pipelines.models import MobileNetV2
 from pipelines.step import CompiledStep
-from pipelines.torch_ref import make_sgd, train_step
-from stages.autodiff.training import SGD, build_train_step
+from pipelines.torch_ref import make_optimizer, train_step
+from stages.autodiff.optimizers import from_config
+from stages.autodiff.training import build_train_step
 from stages.importer.layers import describe_layers
 from stages.lower.translate import translate
 from stages.optimize.passes import optimize
@@ -44,7 +45,7 @@ def model_and_program():
     program = torch.export.export(model, (torch.zeros(8, 3, 32, 32),))
     main, names, _ = translate(program)
     num_params = sum(1 for kind, _ in names.values() if kind == "parameter")
-    full, signature = build_train_step(main, num_params, SGD(**OPT))
+    full, signature = build_train_step(main, num_params, from_config(OPT))
     signature["torch_names"] = {n: t for n, (_, t) in names.items()}
     signature["num_params"] = num_params
     return model, full, signature
@@ -74,7 +75,7 @@ def test_compiled_step_matches_pytorch(tmp_path, model_and_program, scheme):
     y = rng.integers(0, 10, 8).astype("int64")
     reference = MobileNetV2(width=0.35, num_classes=10).train()
     reference.load_state_dict(model.state_dict())
-    opt = make_sgd(reference, OPT, selected)
+    opt = make_optimizer(reference, OPT, selected)
     relax_of = {t: r for r, t in signature["torch_names"].items()}
     for name in selected:  # the same non-zero momentum on both sides
         momentum = (rng.standard_normal(state[name].shape) * 0.01).astype("float32")

@@ -11,19 +11,13 @@ import json
 import tvm
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.config import ConfigError, choose, load_params, require, run_stage
+from pipelines.config import load_params, require, run_stage
 from pipelines.ir import load_ir, save_ir
-from stages.autodiff.training import SGD, MissingGradientRule, build_train_step
+from stages.autodiff import optimizers
+from stages.autodiff.training import MissingGradientRule, build_train_step
 
 OUT = ARTIFACTS / "autodiff"
 LOWER = ARTIFACTS / "lower"
-OPTIMIZERS = {"sgd": SGD}
-
-
-def make_optimizer(cfg: dict):
-    name = choose(cfg.get("name"), OPTIMIZERS, "optimizer.name")
-    return OPTIMIZERS[name](lr=float(cfg["lr"]), momentum=float(cfg.get("momentum", 0.0)),
-                            weight_decay=float(cfg.get("weight_decay", 0.0)))
 
 
 def main() -> None:
@@ -34,7 +28,8 @@ def main() -> None:
     origins = json.loads((LOWER / "origins.json").read_text())
     main_fn = load_ir(LOWER / "model.json")["main"]
     try:
-        step, signature = build_train_step(main_fn, num_params, make_optimizer(opt_cfg), origins)
+        step, signature = build_train_step(main_fn, num_params, optimizers.from_config(opt_cfg),
+                                           origins)
     except MissingGradientRule as err:
         raise SystemExit(f"autodiff: {err}") from err
     signature["torch_names"] = {n: v["torch"] for n, v in names.items()}

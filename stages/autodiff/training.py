@@ -2,55 +2,37 @@
 
 The result is one Relax function, the whole training step:
 
-    train_step(x, y, *params, *buffers, *momenta)
-        -> (loss, *new_params, *new_momenta, *new_buffers)
+    train_step(x, y, *params, *buffers, *optimizer_state)
+        -> (loss, *new_params, *new_buffers, *new_optimizer_state)
+
+Every output is named ``new_<input>`` in the signature, so later stages select by name.
 
 Nothing is differentiated at run time. Every parameter is differentiated here; the prune stage
 removes what a sparse scheme does not update.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import tvm
 from tvm import relax
 from tvm.relax.training import AppendLoss
 from tvm.relax.training.loss import CrossEntropyLoss
 
-from pipelines.ir import dtype_of, tensor_type
+from pipelines.ir import tensor_type
 from stages.autodiff import rules
-
-
-@dataclass(frozen=True)
-class SGD:
-    """PyTorch's SGD (dampening 0): g += wd*w; m = mu*m + g; w -= lr*m.
-
-    Momentum starts at zero, which matches PyTorch's first step (m = g) exactly."""
-
-    lr: float
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-
-    def update(self, bb: relax.BlockBuilder, w, g, m):
-        dtype = dtype_of(w)
-        if self.weight_decay:
-            g = bb.emit(relax.op.add(g, relax.op.multiply(w, relax.const(self.weight_decay,
-                                                                          dtype))))
-        m = bb.emit(relax.op.add(relax.op.multiply(m, relax.const(self.momentum, dtype)), g))
-        w = bb.emit(relax.op.subtract(w, relax.op.multiply(m, relax.const(self.lr, dtype))))
-        return w, m
+from stages.autodiff.optimizers import UPDATE_PREFIX
 
 
 class MissingGradientRule(Exception):
     pass
 
 
-def build_train_step(main: relax.Function, num_params: int, optimizer: SGD,
+def build_train_step(main: relax.Function, num_params: int, optimizer,
                      origins: dict[str, str] | None = None) -> tuple[relax.Function, dict]:
     """``main(x, *params, *buffers) -> (logits, *new_buffers)`` -> the training-step function.
 
-    ``origins`` maps binding names to the PyTorch module they came from (for error messages).
-    Returns the function and its signature: input and output names in order."""
+    ``optimizer`` is one of stages/autodiff/optimizers.py. ``origins`` maps binding names to the
+    PyTorch module they came from (for error messages). Returns the function and its signature:
+    input and output names in order, and what each optimizer-state input holds."""
     missing = rules.ops_without_gradient(main)
     if missing:
         op, var = missing[0]
@@ -78,33 +60,55 @@ def build_train_step(main: relax.Function, num_params: int, optimizer: SGD,
     sx = relax.Var(x.name, x.ty)
     sparams = [relax.Var(p.name, p.ty) for p in params]
     sbuffers = [relax.Var(b.name, b.ty) for b in buffers]
-    momenta = [relax.Var(f"m_{p.name}", p.ty) for p in params]
+    # Optimizer state: per-parameter slots, then slots shared by all parameters (a step count).
+    state_info, per_param, shared = {}, [], {}
+    for p in sparams:
+        slots = {slot: relax.Var(f"{slot}_{p.name}", p.ty) for slot in optimizer.slots}
+        per_param.append(slots)
+        for slot, var in slots.items():
+            state_info[var.name] = {"param": p.name, "slot": slot,
+                                    "torch": optimizer.slots[slot]}
+    for slot, key in optimizer.global_slots.items():
+        shared[slot] = relax.Var(f"optimizer_{slot}", tensor_type([], "float32"))
+        state_info[shared[slot].name] = {"param": None, "slot": slot, "torch": key}
+    state_vars = [v for slots in per_param for v in slots.values()] + list(shared.values())
+
     bb = relax.BlockBuilder(mod)
-    with bb.function("train_step", [sx, y] + sparams + sbuffers + momenta):
+    with bb.function("train_step", [sx, y] + sparams + sbuffers + state_vars):
         with bb.dataflow():
             result = bb.emit(relax.Call(adjoint, [sx] + sparams + sbuffers + [y]))
             values = bb.emit(relax.TupleGetItem(result, 0))
             grads = bb.emit(relax.TupleGetItem(result, 1))
-            loss_out = bb.emit_output(relax.TupleGetItem(values, 0))
-            new_params, new_momenta = [], []
-            for i, (w, m) in enumerate(zip(sparams, momenta)):
-                g = bb.emit(relax.TupleGetItem(grads, i))
-                nw, nm = optimizer.update(bb, w, g, m)
-                new_params.append(bb.emit_output(nw))
-                new_momenta.append(bb.emit_output(nm))
+            # The loss function returns (loss, *new_buffers), or the bare loss without buffers.
+            has_buffers = isinstance(values.ty, relax.TupleType)
+            loss_out = bb.emit_output(relax.TupleGetItem(values, 0) if has_buffers else values)
             new_buffers = [bb.emit_output(relax.TupleGetItem(values, 1 + i))
                            for i in range(len(buffers))]
-        bb.emit_func_output(relax.Tuple([loss_out] + new_params + new_momenta + new_buffers))
+            new_shared, factors = optimizer.prepare(bb, shared)
+            new_params, new_state = [], {}
+            for i, (w, slots) in enumerate(zip(sparams, per_param)):
+                g = bb.emit(relax.TupleGetItem(grads, i))
+                nw, ns = optimizer.update(bb, w.name, w, g, slots, factors)
+                new_params.append(bb.emit_output(nw, name_hint=f"{UPDATE_PREFIX}{w.name}"))
+                for slot, var in slots.items():
+                    new_state[var.name] = bb.emit_output(
+                        ns[slot], name_hint=f"{UPDATE_PREFIX}{w.name}")
+            for slot, var in shared.items():
+                new_state[var.name] = bb.emit_output(new_shared[slot])
+        bb.emit_func_output(relax.Tuple([loss_out] + new_params + new_buffers
+                                        + [new_state[v.name] for v in state_vars]))
     mod = bb.get()
     # Inline the adjoint into train_step so one dataflow block holds forward, backward and update.
     mod["main_loss_adjoint"] = mod["main_loss_adjoint"].without_attr("global_symbol")
     mod = relax.transform.InlinePrivateFunctions()(mod)
     mod = relax.transform.DeadCodeElimination(["train_step"])(mod)
     step = mod["train_step"]
+    inputs = (["x", "y"] + [p.name for p in sparams] + [b.name for b in sbuffers]
+              + [v.name for v in state_vars])
     signature = {
-        "inputs": ["x", "y"] + [p.name for p in params] + [b.name for b in buffers]
-                  + [m.name for m in momenta],
-        "outputs": ["loss"] + [f"new_{p.name}" for p in params]
-                   + [f"new_{m.name}" for m in momenta] + [f"new_{b.name}" for b in buffers],
+        "inputs": inputs,
+        "outputs": ["loss"] + [f"new_{n}" for n in inputs[2:]],
+        "optimizer_state": state_info,
+        "optimizer": {"torch_class": optimizer.torch_class, "kwargs": optimizer.torch_kwargs()},
     }
     return step, signature

@@ -34,12 +34,12 @@ def run_case(case: str, spec: dict) -> dict:
             compiled.function(*args)
     else:
         from pipelines.models import build_model
-        from pipelines.torch_ref import make_sgd, train_step
+        from pipelines.torch_ref import make_optimizer, train_step
 
         model = build_model(spec["model"]).train()
         model.load_state_dict(torch.load(spec["weights"], weights_only=True))
         trainable = None if case == "torch_eager_full" else spec["trainable"]
-        opt = make_sgd(model, spec["optimizer"], trainable)
+        opt = make_optimizer(model, spec["optimizer"], trainable)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
         def step():

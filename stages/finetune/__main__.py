@@ -4,7 +4,9 @@ The model was pre-trained on ``data.pretrain_classes``; here it learns ``data.fi
 (real scikit-learn digits) with the host build of the compiled, sparse training step. PyTorch
 performs the same update (same scheme, optimizer, batches and order) beside it.
 Outputs (artifacts/finetune/): metrics.json, loss.json and accuracy.json (DVC plots), and
-weights.pt, the fine-tuned state dict, which loads into the PyTorch model.
+weights.pt, the fine-tuned state dict, which loads into the PyTorch model, and optimizer.pt,
+the compiled step's optimizer state as a torch.optim state dict over the trainable parameters
+(in signature order), so training can go on in PyTorch where it stopped.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_
 from pipelines.config import ConfigError, load_params, require, run_stage
 from pipelines.models import build_model
 from pipelines.step import CompiledStep, load_initial
-from pipelines.torch_ref import accuracy, batches, make_sgd, seed_everything, train_step
+from pipelines.torch_ref import accuracy, batches, make_optimizer, seed_everything, train_step
 
 OUT = ARTIFACTS / "finetune"
 BUILD = ARTIFACTS / "build" / "host"
@@ -40,7 +42,7 @@ def main() -> None:
     trainable = [compiled.signature["torch_names"][p] for p in compiled.signature["trainable"]]
     reference = build_model(model_cfg).train()
     reference.load_state_dict(torch.load(WEIGHTS, weights_only=True))
-    optimizer = make_sgd(reference, opt_cfg, trainable)
+    optimizer = make_optimizer(reference, opt_cfg, trainable)
     evaluator = build_model(model_cfg)  # holds the compiled step's weights for evaluation
     evaluator.load_state_dict(torch.load(WEIGHTS, weights_only=True))
 
@@ -82,6 +84,7 @@ def main() -> None:
         write_json_atomic(tmp / "loss.json", losses)
         write_json_atomic(tmp / "accuracy.json", accuracies)
         torch.save(compiled.load_into(evaluator).state_dict(), tmp / "weights.pt")
+        torch.save(compiled.torch_optimizer(evaluator).state_dict(), tmp / "optimizer.pt")
         write_manifest(tmp, "finetune", {"build": BUILD, "data": DATA, "weights": WEIGHTS},
                        {"finetune": params["finetune"], "optimizer": opt_cfg})
     print(metrics)

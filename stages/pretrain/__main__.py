@@ -12,7 +12,7 @@ import torch
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.config import load_params, require, run_stage
 from pipelines.models import build_model
-from pipelines.torch_ref import accuracy, batches, make_sgd, seed_everything, train_step
+from pipelines.torch_ref import accuracy, batches, make_optimizer, seed_everything, train_step
 
 OUT = ARTIFACTS / "pretrain"
 DATA = ARTIFACTS / "data" / "digits.npz"
@@ -26,7 +26,7 @@ def main() -> None:
     data = np.load(DATA)
     x, y = data["pretrain_train_x"], data["pretrain_train_y"]
     model = build_model(model_cfg).train()
-    opt = make_sgd(model, cfg)
+    opt = make_optimizer(model, cfg)
     batch = int(cfg["batch_size"])
     for epoch in range(int(cfg["epochs"])):
         losses = [train_step(model, opt, torch.from_numpy(x[i]), torch.from_numpy(y[i]))

@@ -1,8 +1,8 @@
 """Sparse layer backpropagation by dead-code elimination.
 
 The full step updates every parameter. Dropping the outputs of frozen parameters (their new
-values and momenta) makes their gradients dead, and with them every backward op that only fed
-those gradients, including all backward work through a frozen prefix of the network.
+values and optimizer state) makes their gradients dead, and with them every backward op that
+only fed those gradients, including all backward work through a frozen prefix of the network.
 """
 from __future__ import annotations
 
@@ -12,28 +12,33 @@ from tvm import relax
 
 def prune_step(step: relax.Function, signature: dict, trainable: set[str]) -> tuple:
     """Keep only the updates of ``trainable`` (Relax parameter names); return the pruned step
-    and its signature. The full step's layout (stages/autodiff/training.py) is
-    inputs  (x, y, *params, *buffers, *momenta)  and
-    outputs (loss, *new_params, *new_momenta, *new_buffers)."""
+    and its signature. The full step (stages/autodiff/training.py) takes
+    (x, y, *params, *buffers, *optimizer_state) and returns the loss and ``new_<input>`` for
+    every state input; a frozen parameter keeps its input but loses its new value and its
+    optimizer state."""
     P, inputs, outputs = signature["num_params"], signature["inputs"], signature["outputs"]
-    B = len(inputs) - 2 - 2 * P
-    kept = [i for i, name in enumerate(inputs[2:2 + P]) if name in trainable]
-    keep_in = list(range(2 + P + B)) + [2 + P + B + i for i in kept]
-    keep_out = [0] + [1 + i for i in kept] + [1 + P + i for i in kept] + \
-        list(range(1 + 2 * P, 1 + 2 * P + B))
+    params = inputs[2:2 + P]
+    state_info = signature["optimizer_state"]
+    frozen = {p for p in params if p not in trainable}
+    frozen_state = {n for n, info in state_info.items() if info["param"] in frozen}
+    keep_in = [i for i, name in enumerate(inputs) if name not in frozen_state]
+    keep_out = [i for i, name in enumerate(outputs)
+                if name.removeprefix("new_") not in frozen | frozen_state]
     body = step.body
     narrowed = relax.Function(step.params, relax.BlockBuilder().normalize(relax.SeqExpr(
         body.blocks, relax.Tuple([body.body.fields[i] for i in keep_out]))))
     pruned = relax.transform.DeadCodeElimination(["train_step"])(
         tvm.IRModule({"train_step": narrowed.with_attr("global_symbol", "train_step")})
     )["train_step"]
-    # Momenta of frozen parameters are now unused: drop them from the signature too.
+    # The optimizer state of frozen parameters is now unused: drop it from the inputs too.
     still_read = set(relax.analysis.free_vars(pruned.body))
     dropped = [p for i, p in enumerate(pruned.params) if i not in keep_in]
-    assert not still_read & set(dropped), "pruned step still reads a dropped momentum"
+    assert not still_read & set(dropped), "pruned step still reads a frozen parameter's state"
     pruned = relax.Function([pruned.params[i] for i in keep_in], pruned.body)
     new_signature = dict(signature,
                          inputs=[inputs[i] for i in keep_in],
                          outputs=[outputs[i] for i in keep_out],
-                         trainable=[inputs[2 + i] for i in kept])
+                         optimizer_state={n: info for n, info in state_info.items()
+                                          if n not in frozen_state},
+                         trainable=[p for p in params if p in trainable])
     return pruned.with_attr("global_symbol", "train_step"), new_signature
