@@ -46,8 +46,8 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES.glob("*.yaml"))
 
 
-PROFILE_KEYS = {"name", "description", "target", "host", "cores", "memory_mb", "runner",
-                "toolchain", "remote"}
+PROFILE_KEYS = {"name", "description", "target", "host", "cores", "memory_mb",
+                "memory_budget_mb", "runner", "toolchain", "remote"}
 RUNNERS = {"local"}
 
 
@@ -68,8 +68,27 @@ def load_profile(name: str) -> dict:
         raise ConfigError(f"{path}: 'target' must be a TVM target dict with a 'kind', e.g. "
                           "{kind: llvm, mcpu: skylake-avx512}")
     choose(profile["runner"], RUNNERS, "runner", path)
+    for key in ("memory_mb", "memory_budget_mb"):
+        value = profile.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+            raise ConfigError(f"{path}: {key}={value!r}; allowed: a positive number of MiB")
     profile.setdefault("name", name)
     return profile
+
+
+def check_memory_budget(plan: dict, profile: dict) -> None:
+    """The step's planned peak must fit the profile's budget (memory_budget_mb, else all of
+    memory_mb): over it, name the overshoot and the knobs that shrink the step."""
+    key = "memory_budget_mb" if profile.get("memory_budget_mb") else "memory_mb"
+    budget = float(profile[key]) * 2**20
+    peak = plan["planned_peak_bytes"]
+    if peak > budget:
+        raise ConfigError(
+            f"{PROFILES.name}/{profile['name']}.yaml: the training step's planned peak is "
+            f"{peak / 2**20:.2f} MiB, over {key}={profile[key]} by {(peak - budget) / 2**20:.2f}"
+            " MiB (artifacts/optimize/plan.json has the breakdown). Shrink the step: a smaller "
+            "model.batch_size, a sparser scheme (sparse=bias_only or sparse=last_k), or "
+            f"optimize.reorder_updates=true; or raise {key} if the device has the memory")
 
 
 def tvm_target(profile: dict):

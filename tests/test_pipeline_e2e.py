@@ -59,6 +59,20 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     assert ran_stages(forced) == set(ir_stages)
     assert "up to date" in run(["dvc", "status"], repo)
 
+    # A device whose memory budget the step does not fit: build refuses, naming the overshoot,
+    # and the earlier build stays.
+    library = (repo / "artifacts/build/host/step.so").read_bytes()
+    profile = repo / "device_profiles/host.yaml"
+    original = profile.read_text()
+    profile.write_text(original + "memory_budget_mb: 1\n")
+    refused = subprocess.run(["dvc", "repro", "build@host"], cwd=repo, capture_output=True,
+                             text=True)
+    assert refused.returncode != 0
+    assert re.search(r"device_profiles/host.yaml: the training step's planned peak is "
+                     r"[\d.]+ MiB, over memory_budget_mb=1 by", refused.stderr + refused.stdout)
+    assert (repo / "artifacts/build/host/step.so").read_bytes() == library
+    profile.write_text(original)
+
     run(compose + SMALL[:1] + ["finetune.epochs=2"] + SMALL[2:], repo)
     status = run(["dvc", "status"], repo)
     assert re.findall(r"^(\S+):$", status, flags=re.M) == ["finetune"]

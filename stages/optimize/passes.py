@@ -5,6 +5,7 @@ import tvm
 from tvm import relax
 
 from pipelines.ir import nbytes
+from stages.optimize.schedule import liveness
 
 # Operator fusion works on legalized TIR: elementwise and broadcast work (the SGD update, batch
 # norm arithmetic, ReLU6 masks) folds into the kernel that produces its input.
@@ -32,9 +33,19 @@ def optimize(mod: tvm.IRModule) -> tvm.IRModule:
     return tvm.transform.Sequential(FUSION)(mod)
 
 
-def memory_plan(mod: tvm.IRModule) -> dict:
+def update_outputs(signature: dict) -> dict[int, str]:
+    """Output index -> parameter, for the outputs that hold a new parameter or optimizer state
+    (the optimizer's shared step count belongs to "optimizer")."""
+    owner = {p: p for p in signature["trainable"]}
+    owner |= {n: info["param"] or "optimizer" for n, info in signature["optimizer_state"].items()}
+    return {i: owner[name.removeprefix("new_")] for i, name in enumerate(signature["outputs"])
+            if name.removeprefix("new_") in owner}
+
+
+def memory_plan(mod: tvm.IRModule, signature: dict) -> dict:
     """Bytes the VM holds for one step after static planning: inputs (weights, state, batch),
-    planned storage for intermediates (reused across their lifetimes), and outputs."""
+    planned storage for intermediates (reused across their lifetimes), and outputs; plus what
+    is alive at the step's peak, by kind (stages/optimize/schedule.py)."""
     planned = tvm.transform.Sequential(PLAN)(mod)
     func = planned["train_step"]
     storage = outputs = 0
@@ -48,6 +59,17 @@ def memory_plan(mod: tvm.IRModule) -> dict:
                 outputs += nbytes(expr.ty)
 
     relax.analysis.post_order_visit(func.body, visit)
-    inputs = sum(nbytes(p.ty) for p in func.params)
-    return {"inputs_bytes": inputs, "planned_storage_bytes": storage,
-            "outputs_bytes": outputs, "planned_peak_bytes": inputs + storage + outputs}
+    P = signature["num_params"]
+    sizes = dict(zip(signature["inputs"], (nbytes(p) for p in func.params)))
+    names = signature["inputs"]
+    inputs = {
+        "batch": sizes["x"] + sizes["y"],
+        "weights": sum(sizes[n] for n in names[2:2 + P]),
+        "optimizer_state": sum(sizes[n] for n in signature["optimizer_state"]),
+    }
+    inputs["buffers"] = sum(sizes.values()) - sum(inputs.values())
+    total_inputs = sum(inputs.values())
+    return {"planned_peak_bytes": total_inputs + storage + outputs,
+            "inputs_bytes": total_inputs, "inputs": inputs,
+            "planned_storage_bytes": storage, "outputs_bytes": outputs,
+            "liveness": liveness(mod["train_step"], update_outputs(signature))}

@@ -18,6 +18,7 @@ def render(params: dict) -> str:
     prune = json.loads((ARTIFACTS / "prune" / "report.json").read_text())
     plan = json.loads((ARTIFACTS / "optimize" / "plan.json").read_text())
     tune = json.loads((ARTIFACTS / "finetune" / "metrics.json").read_text())
+    memory = json.loads((ARTIFACTS / "memory" / "metrics.json").read_text())
     model = params["model"]
     lines = [
         f"# pockengine report: {model['name']} (width {model['width']}, batch "
@@ -38,9 +39,35 @@ def render(params: dict) -> str:
                          f"{_mib(row['peak_rss_bytes'])} | {row['median_ms'] / compiled:.2f}x |")
     lines += [
         "",
-        f"Planned peak of the compiled step (static memory plan): {_mib(plan['planned_peak_bytes'])}"
+        f"Planned peak of the compiled step (TVM's static memory plan, update reordering "
+        f"{'on' if plan['reorder_updates'] else 'off'}): {_mib(plan['planned_peak_bytes'])}"
         f" = inputs {_mib(plan['inputs_bytes'])} + planned intermediates "
         f"{_mib(plan['planned_storage_bytes'])} + outputs {_mib(plan['outputs_bytes'])}.",
+        "",
+        "| inputs: weights | BN buffers | optimizer state | batch | alive at the liveness peak: "
+        "activations for backward | backward workspace | gradients and updates | new values |",
+        "|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(_mib(plan["inputs"][k]) for k in
+                         ("weights", "buffers", "optimizer_state", "batch")) + " | "
+        + " | ".join(_mib(v) for v in plan["liveness"]["at_peak"].values()) + " |",
+        "",
+        "## Peak memory: full and sparse, with and without update reordering (host)",
+        "",
+        "Each case in a fresh process, peak resident memory above its baseline "
+        "(`artifacts/memory/metrics.json`).",
+        "",
+        "| case | peak RSS above baseline | planned peak (TVM) |",
+        "|---|---|---|",
+    ]
+    for case, row in memory.items():
+        if isinstance(row, dict):
+            planned = _mib(row["plan"]["planned_peak_bytes"]) if "plan" in row else ""
+            lines.append(f"| {case} | {_mib(row['peak_rss_bytes'])} | {planned} |")
+    ratio = memory["sparse_compiled_vs_torch_full_peak"]
+    lines += [
+        "",
+        f"Sparse compiled step / PyTorch eager full BP peak: "
+        f"{'n/a' if ratio is None else f'{ratio:.3f}'}.",
         "",
         "## Sparse backpropagation (pruned vs full training graph)",
         "",

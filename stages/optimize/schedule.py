@@ -1,0 +1,150 @@
+"""Where each binding of the training step sits in time: update reordering and a liveness view.
+
+The step is one dataflow block: forward, backward, then (as the autodiff stage emits it) every
+parameter's update at the very end, so every weight gradient stays alive until the whole
+backward pass is done. ``reorder_updates`` moves each parameter's gradient-and-update work to
+right after its inputs exist, as the paper's operator reordering does: a gradient buffer dies as
+soon as its update has consumed it. The order changes, the computation does not.
+
+Bindings are classified by structure, not by name:
+- update:   consumed only by the new value (and optimizer state) of one parameter: its weight
+            gradient, the optimizer arithmetic and whatever feeds only them;
+- backward: depends on the labels ``y`` (everything after the loss) and is not an update;
+- forward:  the rest (the forward pass, batch-norm statistic updates).
+"""
+from __future__ import annotations
+
+from tvm import relax
+
+from pipelines.ir import nbytes
+
+
+def _block(func: relax.Function) -> relax.DataflowBlock:
+    blocks = func.body.blocks
+    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+        raise ValueError("expected the training step as a single dataflow block")
+    return blocks[0]
+
+
+def _uses(expr) -> list[relax.Var]:
+    found = []
+    relax.analysis.post_order_visit(expr, lambda e: found.append(e)
+                                    if isinstance(e, relax.Var) else None)
+    return found
+
+
+def classify(func: relax.Function, update_outputs: dict[int, str]) -> dict[relax.Var, str]:
+    """Class of every binding var. ``update_outputs`` maps the output-tuple indices that hold a
+    new parameter or optimizer state to the parameter they belong to."""
+    bindings = _block(func).bindings
+    defined = {b.var for b in bindings}
+    deps = {b.var: [v for v in _uses(b.value) if v in defined] for b in bindings}
+    consumers: dict[relax.Var, list] = {b.var: [] for b in bindings}
+    for var, used in deps.items():
+        for u in used:
+            consumers[u].append(var)
+    outputs = list(func.body.body.fields)
+    # Which parameters' updates each binding feeds; None marks feeding anything else.
+    feeds: dict[relax.Var, set] = {}
+    for i, v in enumerate(outputs):
+        feeds.setdefault(v, set()).add(update_outputs.get(i))
+    for b in reversed(bindings):  # consumers come after their producers
+        mine = feeds.setdefault(b.var, set())
+        for c in consumers[b.var]:
+            mine |= feeds[c]
+    labels = func.params[1]
+    after_loss = set()
+    for b in bindings:
+        if labels in _uses(b.value) or any(d in after_loss for d in deps[b.var]):
+            after_loss.add(b.var)
+
+    def kind(v):
+        if len(feeds[v]) == 1 and None not in feeds[v]:
+            return "update"
+        return "backward" if v in after_loss else "forward"
+
+    return {b.var: kind(b.var) for b in bindings}
+
+
+def reorder_updates(func: relax.Function, update_outputs: dict[int, str]) -> relax.Function:
+    """The same step with each update scheduled as early as its gradient allows.
+
+    Update bindings that need the labels (gradients and everything after them) run as soon as
+    their inputs exist; update bindings that do not (e.g. weight decay's ``wd * w``) run just
+    before their first consumer instead of from the start of the step."""
+    block = _block(func)
+    kinds = classify(func, update_outputs)
+    by_var = {b.var: b for b in block.bindings}
+    deps = {b.var: [v for v in _uses(b.value) if v in by_var] for b in block.bindings}
+    labels = func.params[1]
+    needs_labels = set()
+    for b in block.bindings:
+        if labels in _uses(b.value) or any(d in needs_labels for d in deps[b.var]):
+            needs_labels.add(b.var)
+    eager = [b.var for b in block.bindings if kinds[b.var] == "update" and b.var in needs_labels]
+    order, done = [], set()
+
+    def emit(var):  # emit var after whatever it still waits for (lazy producers included)
+        if var in done:
+            return
+        for d in deps[var]:
+            emit(d)
+        done.add(var)
+        order.append(by_var[var])
+
+    def ready(var):
+        return all(d in done or (kinds[d] == "update" and d not in needs_labels)
+                   for d in deps[var])
+
+    pending = list(eager)
+    for b in block.bindings:
+        if kinds[b.var] == "update":
+            continue
+        emit(b.var)
+        progress = True
+        while progress:  # emitting one update can make the next one ready
+            progress = False
+            for var in list(pending):
+                if var in done:
+                    pending.remove(var)
+                elif ready(var):
+                    emit(var)
+                    pending.remove(var)
+                    progress = True
+    for var in pending:
+        emit(var)
+    assert len(order) == len(block.bindings)
+    body = relax.SeqExpr([relax.DataflowBlock(order)], func.body.body)
+    return relax.Function(func.params, body, func.body.body.ty, func.is_pure, func.attrs)
+
+
+def liveness(func: relax.Function, update_outputs: dict[int, str]) -> dict:
+    """Bytes alive at the step's peak, walking its bindings in order: a binding's tensor lives
+    from its definition to its last use (outputs to the end). Broken down by class; the step's
+    inputs are counted by the caller. This ignores allocator fragmentation, which TVM's static
+    planner (planned_storage_bytes) does not."""
+    block = _block(func)
+    kinds = classify(func, update_outputs)
+    outputs = set(func.body.body.fields)
+    last_use = {}
+    for i, b in enumerate(block.bindings):
+        for v in _uses(b.value):
+            last_use[v] = i
+    live: dict[relax.Var, tuple[str, int]] = {}
+    peak, at_peak = -1, {}
+    for i, b in enumerate(block.bindings):
+        if isinstance(b.var.ty, relax.TensorType):
+            kind = "outputs" if b.var in outputs else kinds[b.var]
+            live[b.var] = (kind, nbytes(b.var))
+        total = sum(size for _, size in live.values())
+        if total > peak:
+            peak, at_peak = total, dict(live)
+        for v in [v for v in live if v not in outputs and last_use.get(v, -1) <= i]:
+            del live[v]
+    breakdown = {"activations_for_backward": 0, "backward_workspace": 0,
+                 "gradients_and_updates": 0, "outputs": 0}
+    names = {"forward": "activations_for_backward", "backward": "backward_workspace",
+             "update": "gradients_and_updates", "outputs": "outputs"}
+    for kind, size in at_peak.values():
+        breakdown[names[kind]] += size
+    return {"peak_live_bytes": peak, "at_peak": breakdown}
