@@ -33,6 +33,15 @@ def _uses(expr) -> list[relax.Var]:
     return found
 
 
+def _needs_labels(func: relax.Function, deps: dict) -> set[relax.Var]:
+    """Bindings that depend on the labels ``y``: the loss and everything derived from it."""
+    labels, found = func.params[1], set()
+    for b in _block(func).bindings:
+        if labels in _uses(b.value) or any(d in found for d in deps[b.var]):
+            found.add(b.var)
+    return found
+
+
 def classify(func: relax.Function, update_outputs: dict[int, str]) -> dict[relax.Var, str]:
     """Class of every binding var. ``update_outputs`` maps the output-tuple indices that hold a
     new parameter or optimizer state to the parameter they belong to."""
@@ -52,11 +61,7 @@ def classify(func: relax.Function, update_outputs: dict[int, str]) -> dict[relax
         mine = feeds.setdefault(b.var, set())
         for c in consumers[b.var]:
             mine |= feeds[c]
-    labels = func.params[1]
-    after_loss = set()
-    for b in bindings:
-        if labels in _uses(b.value) or any(d in after_loss for d in deps[b.var]):
-            after_loss.add(b.var)
+    after_loss = _needs_labels(func, deps)
 
     def kind(v):
         if len(feeds[v]) == 1 and None not in feeds[v]:
@@ -76,11 +81,7 @@ def reorder_updates(func: relax.Function, update_outputs: dict[int, str]) -> rel
     kinds = classify(func, update_outputs)
     by_var = {b.var: b for b in block.bindings}
     deps = {b.var: [v for v in _uses(b.value) if v in by_var] for b in block.bindings}
-    labels = func.params[1]
-    needs_labels = set()
-    for b in block.bindings:
-        if labels in _uses(b.value) or any(d in needs_labels for d in deps[b.var]):
-            needs_labels.add(b.var)
+    needs_labels = _needs_labels(func, deps)
     eager = [b.var for b in block.bindings if kinds[b.var] == "update" and b.var in needs_labels]
     order, done = [], set()
 
@@ -111,8 +112,8 @@ def reorder_updates(func: relax.Function, update_outputs: dict[int, str]) -> rel
                     emit(var)
                     pending.remove(var)
                     progress = True
-    for var in pending:
-        emit(var)
+    for b in block.bindings:  # what nothing pulled, e.g. Adam's new step count
+        emit(b.var)
     assert len(order) == len(block.bindings)
     body = relax.SeqExpr([relax.DataflowBlock(order)], func.body.body)
     return relax.Function(func.params, body, func.body.body.ty, func.is_pure, func.attrs)
