@@ -87,8 +87,8 @@ def check_memory_budget(plan: dict, profile: dict) -> None:
             f"{PROFILES.name}/{profile['name']}.yaml: the training step's planned peak is "
             f"{peak / 2**20:.2f} MiB, over {key}={profile[key]} by {(peak - budget) / 2**20:.2f}"
             " MiB (artifacts/optimize/plan.json has the breakdown). Shrink the step: a smaller "
-            "model.batch_size, a sparser scheme (sparse=bias_only or sparse=last_k), or "
-            f"optimize.reorder_updates=true; or raise {key} if the device has the memory")
+            "model.batch_size or a sparser scheme (sparse=bias_only or sparse=last_k); or raise "
+            f"{key} if the device has the memory")
 
 
 def tvm_target(profile: dict):

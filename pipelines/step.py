@@ -84,7 +84,7 @@ class CompiledStep:
                 shared[info["torch"]] = value
             else:
                 per_param[index[info["param"]]][info["torch"]] = value
-        if per_param and (shared or any(per_param.values())):
+        if self.optimizer_state:  # plain SGD has none
             # torch.optim increments each parameter's step count in place: one copy each.
             state["state"] = {i: slots | {k: v.clone() for k, v in shared.items()}
                               for i, slots in per_param.items()}

@@ -18,8 +18,7 @@ from pipelines.torch_ref import make_optimizer, train_step
 from stages.autodiff.optimizers import from_config
 from stages.autodiff.training import build_train_step
 from stages.lower.translate import translate
-from stages.optimize.passes import optimize, update_outputs
-from stages.optimize.schedule import reorder_updates
+from stages.optimize.passes import optimize
 from stages.prune.prune import prune_step
 
 STEPS = 5
@@ -50,9 +49,7 @@ def compile_step(tmp_path, cfg, trainable=None, reorder=False):
     relax_of = {t: r for r, t in sig["torch_names"].items()}
     keep = set(relax_of.values()) if trainable is None else {relax_of[t] for t in trainable}
     step, sig = prune_step(step, sig, keep)
-    if reorder:
-        step = reorder_updates(step, update_outputs(sig))
-    lib = tvm.compile(optimize(tvm.IRModule({"train_step": step})),
+    lib = tvm.compile(optimize(step, sig, reorder),
                       target=tvm.target.Target({"kind": "llvm"}))
     lib.export_library(str(tmp_path / "step.so"))
     (tmp_path / "signature.json").write_text(json.dumps(sig))

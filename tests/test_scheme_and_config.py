@@ -93,3 +93,13 @@ def test_saved_arrays_are_byte_identical(tmp_path):
     assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
     with np.load(tmp_path / "a.npz") as loaded:
         np.testing.assert_array_equal(loaded["w"], arrays["w"])
+
+
+def test_unknown_optimizer_names_key_and_allowed_values():
+    from stages.autodiff.optimizers import from_config
+
+    with pytest.raises(ConfigError, match=r"optimizer.name='adagrad' is not one of "
+                                          r"\['adam', 'adamw', 'sgd'\]"):
+        from_config({"name": "adagrad", "lr": 0.1})
+    with pytest.raises(ConfigError, match="optimizer.nesterov needs optimizer.momentum"):
+        from_config({"name": "sgd", "lr": 0.1, "nesterov": True})

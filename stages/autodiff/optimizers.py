@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from tvm import relax
 from tvm.relax.op import add, astype, divide, multiply, power, sqrt, subtract
 
-from pipelines.config import ConfigError
+from pipelines.config import ConfigError, choose
 from pipelines.ir import dtype_of
 
 UPDATE_PREFIX = "opt_"
@@ -140,7 +140,7 @@ def _number(cfg: dict, key: str, default=None) -> float:
 
 def from_config(cfg: dict):
     """The optimizer named by ``optimizer.name`` in params.yaml (conf/optimizer/*.yaml)."""
-    name = cfg.get("name", "sgd")
+    name = choose(cfg.get("name", "sgd"), {"sgd", "adam", "adamw"}, "optimizer.name")
     if name == "sgd":
         if float(cfg.get("dampening", 0.0)):
             raise ConfigError("params.yaml: optimizer.dampening must be 0 (the compiled SGD "
@@ -151,10 +151,7 @@ def from_config(cfg: dict):
             raise ConfigError("params.yaml: optimizer.nesterov needs optimizer.momentum > 0")
         return SGD(lr=_number(cfg, "lr"), momentum=momentum,
                    weight_decay=_number(cfg, "weight_decay", 0.0), nesterov=nesterov)
-    if name in ("adam", "adamw"):
-        beta1, beta2 = cfg.get("betas", (0.9, 0.999))
-        return Adam(lr=_number(cfg, "lr"), beta1=float(beta1), beta2=float(beta2),
-                    eps=_number(cfg, "eps", 1e-8),
-                    weight_decay=_number(cfg, "weight_decay", 0.0), decoupled=name == "adamw")
-    raise ConfigError(f"params.yaml: optimizer.name={name!r} is unknown; allowed: "
-                      "['adam', 'adamw', 'sgd']")
+    beta1, beta2 = cfg.get("betas", (0.9, 0.999))
+    return Adam(lr=_number(cfg, "lr"), beta1=float(beta1), beta2=float(beta2),
+                eps=_number(cfg, "eps", 1e-8),
+                weight_decay=_number(cfg, "weight_decay", 0.0), decoupled=name == "adamw")

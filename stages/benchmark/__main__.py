@@ -24,6 +24,20 @@ def run_isolated(case: str, spec: dict) -> dict:
         return pool.apply(run_case, (case, spec))
 
 
+def case_spec(params: dict, profile: dict, trainable: list[str]) -> dict:
+    """What every case needs (stages/benchmark/cases.py); ``trainable`` are the PyTorch names
+    the frozen-layers case trains. The compiled case also needs ``build_dir``."""
+    bench, model_cfg = require(params, "benchmark"), require(params, "model")
+    return {
+        "cores": int(profile["cores"]), "batch": int(model_cfg["batch_size"]),
+        "warmup": int(bench["warmup"]), "steps": int(bench["steps"]),
+        "data": str(ARTIFACTS / "data" / "digits.npz"),
+        "initial": str(ARTIFACTS / "lower" / "params.npz"),
+        "weights": str(ARTIFACTS / "pretrain" / "weights.pt"), "model": model_cfg,
+        "optimizer": require(params, "optimizer"), "trainable": trainable,
+    }
+
+
 def benchmark(device: str) -> dict:
     params = load_params()
     profile = load_profile(device)
@@ -32,16 +46,10 @@ def benchmark(device: str) -> dict:
                           "is not available yet; allowed: ['local']")
     build_dir = ARTIFACTS / "build" / device
     signature = json.loads((build_dir / "signature.json").read_text())
-    bench, model_cfg = require(params, "benchmark"), require(params, "model")
-    spec = {
-        "cores": int(profile["cores"]), "batch": int(model_cfg["batch_size"]),
-        "warmup": int(bench["warmup"]), "steps": int(bench["steps"]),
-        "data": str(ARTIFACTS / "data" / "digits.npz"), "build_dir": str(build_dir),
-        "initial": str(ARTIFACTS / "lower" / "params.npz"),
-        "weights": str(ARTIFACTS / "pretrain" / "weights.pt"), "model": model_cfg,
-        "optimizer": require(params, "optimizer"),
-        "trainable": [signature["torch_names"][p] for p in signature["trainable"]],
-    }
+    model_cfg = require(params, "model")
+    spec = case_spec(params, profile,
+                     [signature["torch_names"][p] for p in signature["trainable"]])
+    spec["build_dir"] = str(build_dir)
     results = {case: run_isolated(case, spec) for case in CASES}
     plan = json.loads((ARTIFACTS / "optimize" / "plan.json").read_text())
     compiled = results["compiled"]

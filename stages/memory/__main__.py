@@ -19,9 +19,8 @@ import tvm
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
 from pipelines.config import load_params, load_profile, require, run_stage, tvm_target
 from pipelines.ir import load_ir
-from stages.benchmark.__main__ import run_isolated
-from stages.optimize.passes import memory_plan, optimize, update_outputs
-from stages.optimize.schedule import reorder_updates
+from stages.benchmark.__main__ import case_spec, run_isolated
+from stages.optimize.passes import memory_plan, optimize
 from stages.prune.prune import prune_step
 from stages.prune.scheme import select
 
@@ -33,9 +32,7 @@ OUT = ARTIFACTS / "memory" / "metrics.json"
 def compile_variant(full, signature: dict, trainable: set[str], reorder: bool, scheme: str,
                     target, directory: Path) -> dict:
     step, sig = prune_step(full, signature, trainable)
-    if reorder:
-        step = reorder_updates(step, update_outputs(sig))
-    mod = optimize(tvm.IRModule({"train_step": step.with_attr("global_symbol", "train_step")}))
+    mod = optimize(step, sig, reorder)
     plan = memory_plan(mod, sig)
     tvm.compile(mod, target=target).export_library(str(directory / "step.so"))
     (directory / "signature.json").write_text(json.dumps(dict(sig, scheme=scheme)))
@@ -51,13 +48,7 @@ def main() -> None:
     relax_of = {t: r for r, t in signature["torch_names"].items()}
     selected = select(scheme, json.loads(LAYERS.read_text()))
     everything = set(signature["inputs"][2:2 + signature["num_params"]])
-    spec = {
-        "cores": int(profile["cores"]), "batch": int(model_cfg["batch_size"]),
-        "warmup": 2, "steps": 5, "data": str(ARTIFACTS / "data" / "digits.npz"),
-        "initial": str(ARTIFACTS / "lower" / "params.npz"),
-        "weights": str(ARTIFACTS / "pretrain" / "weights.pt"), "model": model_cfg,
-        "optimizer": require(params, "optimizer"), "trainable": selected,
-    }
+    spec = case_spec(params, profile, selected)
     results = {}
     scratch = Path(tempfile.mkdtemp(prefix="pock-memory-"))
     try:

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import json
 
-import tvm
-
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.config import ConfigError, load_params, require, run_stage
 from pipelines.ir import load_ir, save_ir
-from stages.optimize.passes import memory_plan, optimize, update_outputs
-from stages.optimize.schedule import reorder_updates
+from stages.optimize.passes import memory_plan, optimize
 
 OUT = ARTIFACTS / "optimize"
 PRUNED = ARTIFACTS / "prune" / "train_step.json"
@@ -27,10 +24,7 @@ def main() -> None:
         raise ConfigError(f"params.yaml: optimize.reorder_updates={reorder!r}; allowed: "
                           "true, false")
     signature = json.loads(SIGNATURE.read_text())
-    step = load_ir(PRUNED)["train_step"]
-    if reorder:
-        step = reorder_updates(step, update_outputs(signature))
-    mod = optimize(tvm.IRModule({"train_step": step.with_attr("global_symbol", "train_step")}))
+    mod = optimize(load_ir(PRUNED)["train_step"], signature, reorder)
     plan = memory_plan(mod, signature) | {"reorder_updates": reorder}
     with atomic_dir(OUT) as tmp:
         save_ir(mod, tmp, "train_step")

@@ -5,7 +5,7 @@ import tvm
 from tvm import relax
 
 from pipelines.ir import nbytes
-from stages.optimize.schedule import liveness
+from stages.optimize.schedule import liveness, reorder_updates
 
 # Operator fusion works on legalized TIR: elementwise and broadcast work (the SGD update, batch
 # norm arithmetic, ReLU6 masks) folds into the kernel that produces its input.
@@ -29,7 +29,11 @@ PLAN = [
 ]
 
 
-def optimize(mod: tvm.IRModule) -> tvm.IRModule:
+def optimize(step: relax.Function, signature: dict, reorder: bool) -> tvm.IRModule:
+    """The pruned step, its updates reordered when ``reorder``, fused, as a module."""
+    if reorder:
+        step = reorder_updates(step, update_outputs(signature))
+    mod = tvm.IRModule({"train_step": step.with_attr("global_symbol", "train_step")})
     return tvm.transform.Sequential(FUSION)(mod)
 
 

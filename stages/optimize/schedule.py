@@ -33,6 +33,13 @@ def _uses(expr) -> list[relax.Var]:
     return found
 
 
+def _dependencies(func: relax.Function) -> dict[relax.Var, list[relax.Var]]:
+    """Binding var -> the binding vars its value reads."""
+    bindings = _block(func).bindings
+    defined = {b.var for b in bindings}
+    return {b.var: [v for v in _uses(b.value) if v in defined] for b in bindings}
+
+
 def _needs_labels(func: relax.Function, deps: dict) -> set[relax.Var]:
     """Bindings that depend on the labels ``y``: the loss and everything derived from it."""
     labels, found = func.params[1], set()
@@ -46,8 +53,7 @@ def classify(func: relax.Function, update_outputs: dict[int, str]) -> dict[relax
     """Class of every binding var. ``update_outputs`` maps the output-tuple indices that hold a
     new parameter or optimizer state to the parameter they belong to."""
     bindings = _block(func).bindings
-    defined = {b.var for b in bindings}
-    deps = {b.var: [v for v in _uses(b.value) if v in defined] for b in bindings}
+    deps = _dependencies(func)
     consumers: dict[relax.Var, list] = {b.var: [] for b in bindings}
     for var, used in deps.items():
         for u in used:
@@ -80,7 +86,7 @@ def reorder_updates(func: relax.Function, update_outputs: dict[int, str]) -> rel
     block = _block(func)
     kinds = classify(func, update_outputs)
     by_var = {b.var: b for b in block.bindings}
-    deps = {b.var: [v for v in _uses(b.value) if v in by_var] for b in block.bindings}
+    deps = _dependencies(func)
     needs_labels = _needs_labels(func, deps)
     eager = [b.var for b in block.bindings if kinds[b.var] == "update" and b.var in needs_labels]
     order, done = [], set()
