@@ -28,9 +28,10 @@ class CompiledStep:
         self.state = {}
         for name in self.state_names:
             if name in self.optimizer_state:  # optimizer state starts at zero, as in torch.optim
-                owner = self.optimizer_state[name]["param"]
-                value = (np.zeros_like(initial[owner]) if owner
-                         else np.zeros((), "float32"))
+                info = self.optimizer_state[name]
+                # A channel-sparse parameter's state holds only its selected channels.
+                shape = info.get("shape", initial[info["param"]].shape if info["param"] else ())
+                value = np.zeros(shape, "float32")
             else:
                 value = initial[name]
             self.state[name] = tvm.runtime.tensor(np.array(value, order="C"), self.device)
@@ -66,17 +67,27 @@ class CompiledStep:
 
 
     def torch_optimizer(self, model: torch.nn.Module):
-        """A ``torch.optim`` optimizer over the step's trainable parameters of ``model``, with
-        the same hyper-parameters and the compiled step's optimizer state loaded into it."""
-        names = self.signature["torch_names"]
-        trainable = self.signature["trainable"]
-        named = dict(model.named_parameters())
+        """An optimizer over the step's trainable parameters of ``model``, with the same
+        hyper-parameters and the compiled step's optimizer state loaded into it: a
+        ``torch.optim`` one, or for a channel-sparse step a ``ChannelSparse`` whose
+        slice-shaped state continues exactly where the compiled step stopped."""
+        from pipelines.torch_ref import ChannelSparse
+
         spec = self.signature["optimizer"]
-        optimizer = getattr(torch.optim, spec["torch_class"])(
-            [named[names[p]] for p in trainable], **spec["kwargs"])
+
+        def make(params):
+            return getattr(torch.optim, spec["torch_class"])(params, **spec["kwargs"])
+
+        selection = selection_of(self.signature)
+        named = dict(model.named_parameters())
+        if any(selection.values()):
+            wrapper = ChannelSparse(named, selection, make)
+            optimizer = wrapper.optimizer
+        else:
+            wrapper = optimizer = make([named[n] for n in selection])
         state = optimizer.state_dict()
-        index = {p: i for i, p in enumerate(trainable)}
-        per_param: dict[int, dict] = {i: {} for i in range(len(trainable))}
+        index = {p: i for i, p in enumerate(self.signature["trainable"])}
+        per_param: dict[int, dict] = {i: {} for i in index.values()}
         shared = {}
         for name, info in self.optimizer_state.items():
             value = torch.from_numpy(self.state[name].numpy())
@@ -89,7 +100,14 @@ class CompiledStep:
             state["state"] = {i: slots | {k: v.clone() for k, v in shared.items()}
                               for i, slots in per_param.items()}
         optimizer.load_state_dict(state)
-        return optimizer
+        return wrapper
+
+
+def selection_of(signature: dict) -> dict[str, dict | None]:
+    """The scheme's selection a step was built with, under PyTorch names (stages/prune/scheme.py:
+    None for a whole parameter, {"axis", "index"} for some channels)."""
+    names, channels = signature["torch_names"], signature.get("channels", {})
+    return {names[p]: channels.get(p) for p in signature["trainable"]}
 
 
 def load_initial(path: Path) -> dict[str, np.ndarray]:

@@ -3,6 +3,9 @@ taken out of the compiled step into torch.optim.
 
 The model is a small tanh MLP: smooth, so chained float32 steps of TVM and PyTorch stay within
 rounding of each other (a ReLU network can flip an activation's side on an ulp and diverge).
+Besides all parameters and the last layer, a channel-sparse selection updates some input
+channels of the first layer and some output channels of the last (PyTorch side: full gradient,
+then only the selected slice stepped); its other channels must stay bit-identical.
 Tolerance: loss at every step within 1e-5 relative; weights and optimizer state after the last
 step within rtol 1e-4, atol 1e-6. The all-parameters cases also go through update reordering.
 """
@@ -19,7 +22,7 @@ from stages.autodiff.optimizers import from_config
 from stages.autodiff.training import build_train_step
 from stages.lower.translate import translate
 from stages.optimize.passes import optimize
-from stages.prune.prune import prune_step
+from stages.prune.prune import sparse_step
 
 STEPS = 5
 CONFIGS = {
@@ -46,9 +49,11 @@ def compile_step(tmp_path, cfg, trainable=None, reorder=False):
     step, sig = build_train_step(main, len(names), from_config(cfg), origins)
     sig["torch_names"] = {n: t for n, (_, t) in names.items()}
     sig["num_params"] = len(names)
-    relax_of = {t: r for r, t in sig["torch_names"].items()}
-    keep = set(relax_of.values()) if trainable is None else {relax_of[t] for t in trainable}
-    step, sig = prune_step(step, sig, keep)
+    selection = dict.fromkeys(sig["torch_names"].values() if trainable is None else trainable)
+    if isinstance(trainable, dict):
+        selection.update(trainable)
+    step, sig, slicing = sparse_step(step, sig, selection)
+    assert all(how == "operands" for how in slicing.values()), slicing
     lib = tvm.compile(optimize(step, sig, reorder),
                       target=tvm.target.Target({"kind": "llvm"}))
     lib.export_library(str(tmp_path / "step.so"))
@@ -64,7 +69,12 @@ def batches():
                rng.integers(0, 5, 8).astype("int64"))
 
 
-@pytest.mark.parametrize("trainable", [None, ["2.weight", "2.bias"]], ids=["all", "last_layer"])
+CHANNELS = {"0.weight": {"axis": 1, "index": [1, 4, 7, 8, 9]}, "0.bias": None,
+            "2.weight": {"axis": 0, "index": [0, 1, 2]}, "2.bias": {"axis": 0, "index": [3]}}
+
+
+@pytest.mark.parametrize("trainable", [None, ["2.weight", "2.bias"], CHANNELS],
+                         ids=["all", "last_layer", "channels"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_compiled_optimizer_matches_torch_optim(tmp_path, name, trainable):
     cfg = CONFIGS[name]
@@ -77,9 +87,17 @@ def test_compiled_optimizer_matches_torch_optim(tmp_path, name, trainable):
         want = train_step(reference, optimizer, torch.from_numpy(x), torch.from_numpy(y))
         assert got == pytest.approx(want, rel=1e-5)
 
+    initial = make_model().state_dict()
     for key, value in compiled.torch_state_dict().items():
         np.testing.assert_allclose(value.numpy(), reference.state_dict()[key].numpy(),
                                    rtol=1e-4, atol=1e-6, err_msg=key)
+        selected = (trainable or {}).get(key) if isinstance(trainable, dict) else None
+        if selected:  # channels outside the selection are not touched at all
+            axis, index = selected["axis"], selected["index"]
+            rest = [c for c in range(value.shape[axis]) if c not in index]
+            np.testing.assert_array_equal(value.numpy().take(rest, axis),
+                                          initial[key].numpy().take(rest, axis))
+            assert not np.array_equal(value.numpy(), initial[key].numpy())
     # The state taken out of the compiled step equals PyTorch's after the same steps ...
     taken = compiled.torch_optimizer(compiled.load_into(make_model())).state_dict()["state"]
     want_state = optimizer.state_dict()["state"]
@@ -91,10 +109,12 @@ def test_compiled_optimizer_matches_torch_optim(tmp_path, name, trainable):
                                        rtol=1e-4, atol=1e-6, err_msg=f"{index}.{slot}")
 
 
-@pytest.mark.parametrize("name", ["nesterov", "adam"])
-def test_state_taken_out_is_exact_and_training_continues_in_torch(tmp_path, name):
+@pytest.mark.parametrize("name, trainable", [("nesterov", None), ("adam", None),
+                                             ("adam", CHANNELS)], ids=["nesterov", "adam",
+                                                                       "adam_channels"])
+def test_state_taken_out_is_exact_and_training_continues_in_torch(tmp_path, name, trainable):
     cfg = CONFIGS[name]
-    compiled = compile_step(tmp_path, cfg)
+    compiled = compile_step(tmp_path, cfg, trainable)
     data = list(batches())
     for x, y in data[:-1]:
         compiled.step(x, y)
@@ -107,7 +127,9 @@ def test_state_taken_out_is_exact_and_training_continues_in_torch(tmp_path, name
     for state_name, info in compiled.optimizer_state.items():
         owners = [info["param"]] if info["param"] else compiled.signature["trainable"]
         for owner in owners:
-            param = names[compiled.signature["torch_names"][owner]]
+            torch_name = compiled.signature["torch_names"][owner]
+            param = (optimizer.slice_of(torch_name) if owner in compiled.signature["channels"]
+                     else names[torch_name])
             np.testing.assert_array_equal(optimizer.state[param][info["torch"]].numpy(),
                                           compiled.state[state_name].numpy())
     # The next step in PyTorch from the exported state matches the next compiled step.

@@ -26,8 +26,34 @@ def test_mbv2_paper_selects_first_pointwise_of_last_blocks_and_classifier(layers
                             "update": "weight"},
                            {"name": "head", "modules": ["classifier.*"], "update": "both"}),
                     layers)
-    assert chosen == [f"features.{i}.conv.0.0.weight" for i in range(11, 18)] + [
+    assert list(chosen) == [f"features.{i}.conv.0.0.weight" for i in range(11, 18)] + [
         "classifier.1.weight", "classifier.1.bias"]
+    assert not any(chosen.values())  # whole parameters, no channel slices
+
+
+def test_channel_ratios_lists_axes_and_regex(layers):
+    chosen = select(scheme(
+        {"name": "pw", "modules": ["re:features\\.1[67]\\.conv\\.0\\.0"], "channels": 0.25,
+         "update": "weight"},
+        {"name": "dw", "modules": ["features.17.conv.1.0"], "channels": [5, 2, 5]},
+        {"name": "in", "modules": ["classifier.1"], "channels": 0.5, "axis": "input"}), layers)
+    # 0.25 of 336 output channels: the first 84.
+    assert chosen["features.16.conv.0.0.weight"] == {"axis": 0, "index": list(range(84))}
+    assert chosen["features.17.conv.1.0.weight"] == {"axis": 0, "index": [2, 5]}
+    assert chosen["classifier.1.weight"] == {"axis": 1, "index": list(range(640))}
+    assert chosen["classifier.1.bias"] is None  # a bias has no input channels: whole
+    assert "features.16.conv.0.1.weight" not in chosen  # a norm layer is not conv.0.0
+
+
+def test_rules_add_up_whole_wins_and_channel_lists_merge(layers):
+    chosen = select(scheme(
+        {"name": "a", "modules": ["classifier.1"], "channels": [0, 1]},
+        {"name": "b", "modules": ["classifier.1"], "channels": [1, 3], "update": "weight"},
+        {"name": "c", "modules": ["features.18.0"], "channels": 0.5},
+        {"name": "d", "modules": ["features.18.0"]}), layers)
+    assert chosen["classifier.1.weight"] == {"axis": 0, "index": [0, 1, 3]}
+    assert chosen["classifier.1.bias"] == {"axis": 0, "index": [0, 1]}
+    assert chosen["features.18.0.weight"] is None
 
 
 def test_bias_only_selects_norm_shifts_and_linear_bias(layers):
@@ -44,6 +70,14 @@ def test_bias_only_selects_norm_shifts_and_linear_bias(layers):
     ({"name": "blk", "blocks": {"last": 99}}, "allowed: 1..17"),
     ({"name": "kind", "kinds": ["lstm"]}, "kinds ['lstm'] unknown"),
     ({"name": "key", "channels": 0.5, "extra": 1}, "unknown keys"),
+    ({"name": "ratio", "channels": 1.5}, "a ratio must be in (0, 1]"),
+    ({"name": "list", "modules": ["classifier.1"], "channels": [3, 10]},
+     "channels [10] out of range for 'classifier.1.weight'"),
+    ({"name": "axis", "channels": 0.5, "axis": "inputs"}, "allowed: ['input', 'output']"),
+    ({"name": "dwin", "kinds": ["conv_depthwise"], "channels": 0.5, "axis": "input"},
+     "use axis: output"),
+    ({"name": "regex", "modules": ["re:features.(1"]}, "not a valid regular expression"),
+    ({"name": "mix", "modules": ["classifier.1"], "channels": "half"}, "allowed: a ratio"),
 ])
 def test_bad_rules_are_rejected_naming_the_rule(layers, rule, message):
     with pytest.raises(ConfigError) as err:

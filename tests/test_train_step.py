@@ -27,7 +27,7 @@ from stages.autodiff.training import build_train_step
 from stages.importer.layers import describe_layers
 from stages.lower.translate import translate
 from stages.optimize.passes import optimize
-from stages.prune.prune import prune_step
+from stages.prune.prune import prune_step, sparse_step
 from stages.prune.scheme import select
 
 OPT = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
@@ -36,6 +36,15 @@ MBV2_PAPER = {"name": "mbv2_paper", "rules": [
      "blocks": {"last": 7}, "update": "weight"},
     {"name": "classifier", "modules": ["classifier.*"], "update": "both"}]}
 FULL = {"name": "full", "rules": [{"name": "all", "modules": ["*"], "update": "both"}]}
+# Channel-sparse: every kind of slice the engine computes from sliced operands, plus a norm
+# layer (sliced after its reduction) and a channel list out of order.
+CHANNELS = {"name": "channels", "rules": [
+    {"name": "pointwise", "modules": ["features.1[5-7].conv.0.0"], "channels": 0.25},
+    {"name": "depthwise", "modules": ["features.16.conv.1.0"], "channels": [100, 3, 7, 1]},
+    {"name": "project_in", "modules": ["features.17.conv.2"], "channels": 0.5, "axis": "input"},
+    {"name": "norm", "modules": ["features.17.conv.0.1"], "channels": 0.5},
+    {"name": "head_in", "modules": ["features.18.0"], "channels": 0.3, "axis": "input"},
+    {"name": "classifier", "modules": ["classifier.1"], "channels": [0, 2, 5]}]}
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +62,11 @@ def model_and_program():
 
 def compile_scheme(tmp_path, model, full, signature, scheme):
     selected = select(scheme, describe_layers(model))
-    relax_of = {t: r for r, t in signature["torch_names"].items()}
-    pruned, sig = prune_step(full, signature, {relax_of[n] for n in selected})
+    pruned, sig, slicing = sparse_step(full, signature, selected)
+    # Conv and linear gradients come from sliced operands, not a whole gradient; only the norm
+    # layer's reductions are computed whole and sliced after.
+    assert {p for p, how in slicing.items() if how != "operands"} <= {
+        "p_features_17_conv_0_1_weight", "p_features_17_conv_0_1_bias"}, slicing
     sig["scheme"] = scheme["name"]
     mod = optimize(pruned, sig, reorder=False)
     tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})).export_library(str(tmp_path / "step.so"))
@@ -62,7 +74,7 @@ def compile_scheme(tmp_path, model, full, signature, scheme):
     return selected
 
 
-@pytest.mark.parametrize("scheme", [FULL, MBV2_PAPER], ids=lambda s: s["name"])
+@pytest.mark.parametrize("scheme", [FULL, MBV2_PAPER, CHANNELS], ids=lambda s: s["name"])
 def test_compiled_step_matches_pytorch(tmp_path, model_and_program, scheme):
     model, full, signature = model_and_program
     selected = compile_scheme(tmp_path, model, full, signature, scheme)
@@ -77,10 +89,12 @@ def test_compiled_step_matches_pytorch(tmp_path, model_and_program, scheme):
     reference.load_state_dict(model.state_dict())
     opt = make_optimizer(reference, OPT, selected)
     relax_of = {t: r for r, t in signature["torch_names"].items()}
-    for name in selected:  # the same non-zero momentum on both sides
-        momentum = (rng.standard_normal(state[name].shape) * 0.01).astype("float32")
+    for name, channels in selected.items():  # the same non-zero momentum on both sides
+        shape = step.state[f"m_{relax_of[name]}"].shape
+        momentum = (rng.standard_normal(shape) * 0.01).astype("float32")
         step.state[f"m_{relax_of[name]}"] = tvm.runtime.tensor(momentum)
-        opt.state[reference.get_parameter(name)]["momentum_buffer"] = torch.tensor(momentum)
+        param = opt.slice_of(name) if channels else reference.get_parameter(name)
+        opt.state[param]["momentum_buffer"] = torch.tensor(momentum)
     got = step.step(x, y)
     want = train_step(reference, opt, torch.from_numpy(x), torch.from_numpy(y))
     assert got == pytest.approx(want, rel=1e-5)
@@ -98,6 +112,12 @@ def test_compiled_step_matches_pytorch(tmp_path, model_and_program, scheme):
     frozen = [n for n, _ in model.named_parameters() if n not in selected]
     for name in frozen:
         np.testing.assert_array_equal(after[name].numpy(), state[name])
+    for name, channels in selected.items():  # and so do unselected channels
+        if channels:
+            rest = [c for c in range(state[name].shape[channels["axis"]])
+                    if c not in channels["index"]]
+            np.testing.assert_array_equal(after[name].numpy().take(rest, channels["axis"]),
+                                          state[name].take(rest, channels["axis"]), name)
     if scheme is MBV2_PAPER:
         assert len(step.signature["trainable"]) == len(selected) < len(frozen)
 

@@ -13,6 +13,7 @@ import sys
 
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
 from pipelines.config import ConfigError, load_params, load_profile, require, run_stage
+from pipelines.step import selection_of
 from stages.benchmark.cases import run_case
 
 CASES = ["compiled", "torch_eager_full", "torch_eager_frozen"]
@@ -24,9 +25,9 @@ def run_isolated(case: str, spec: dict) -> dict:
         return pool.apply(run_case, (case, spec))
 
 
-def case_spec(params: dict, profile: dict, trainable: list[str]) -> dict:
-    """What every case needs (stages/benchmark/cases.py); ``trainable`` are the PyTorch names
-    the frozen-layers case trains. The compiled case also needs ``build_dir``."""
+def case_spec(params: dict, profile: dict, trainable: dict) -> dict:
+    """What every case needs (stages/benchmark/cases.py); ``trainable`` is the scheme's
+    selection (PyTorch name -> None or channels) the frozen-layers case trains. The compiled case also needs ``build_dir``."""
     bench, model_cfg = require(params, "benchmark"), require(params, "model")
     return {
         "cores": int(profile["cores"]), "batch": int(model_cfg["batch_size"]),
@@ -47,8 +48,7 @@ def benchmark(device: str) -> dict:
     build_dir = ARTIFACTS / "build" / device
     signature = json.loads((build_dir / "signature.json").read_text())
     model_cfg = require(params, "model")
-    spec = case_spec(params, profile,
-                     [signature["torch_names"][p] for p in signature["trainable"]])
+    spec = case_spec(params, profile, selection_of(signature))
     spec["build_dir"] = str(build_dir)
     results = {case: run_isolated(case, spec) for case in CASES}
     plan = json.loads((ARTIFACTS / "optimize" / "plan.json").read_text())

@@ -16,7 +16,7 @@ import torch
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.config import ConfigError, load_params, require, run_stage
 from pipelines.models import build_model
-from pipelines.step import CompiledStep, load_initial
+from pipelines.step import CompiledStep, load_initial, selection_of
 from pipelines.torch_ref import accuracy, batches, make_optimizer, seed_everything, train_step
 
 OUT = ARTIFACTS / "finetune"
@@ -39,10 +39,9 @@ def main() -> None:
     batch = int(model_cfg["batch_size"])
 
     compiled = CompiledStep(BUILD, load_initial(INITIAL))
-    trainable = [compiled.signature["torch_names"][p] for p in compiled.signature["trainable"]]
     reference = build_model(model_cfg).train()
     reference.load_state_dict(torch.load(WEIGHTS, weights_only=True))
-    optimizer = make_optimizer(reference, opt_cfg, trainable)
+    optimizer = make_optimizer(reference, opt_cfg, selection_of(compiled.signature))
     evaluator = build_model(model_cfg)  # holds the compiled step's weights for evaluation
     evaluator.load_state_dict(torch.load(WEIGHTS, weights_only=True))
 

@@ -21,7 +21,7 @@ from pipelines.config import load_params, load_profile, require, run_stage, tvm_
 from pipelines.ir import load_ir
 from stages.benchmark.__main__ import case_spec, run_isolated
 from stages.optimize.passes import memory_plan, optimize
-from stages.prune.prune import prune_step
+from stages.prune.prune import sparse_step
 from stages.prune.scheme import select
 
 AUTODIFF = ARTIFACTS / "autodiff"
@@ -29,9 +29,9 @@ LAYERS = ARTIFACTS / "import" / "layers.json"
 OUT = ARTIFACTS / "memory" / "metrics.json"
 
 
-def compile_variant(full, signature: dict, trainable: set[str], reorder: bool, scheme: str,
+def compile_variant(full, signature: dict, selection: dict, reorder: bool, scheme: str,
                     target, directory: Path) -> dict:
-    step, sig = prune_step(full, signature, trainable)
+    step, sig, _ = sparse_step(full, signature, selection)
     mod = optimize(step, sig, reorder)
     plan = memory_plan(mod, sig)
     tvm.compile(mod, target=target).export_library(str(directory / "step.so"))
@@ -45,20 +45,19 @@ def main() -> None:
     model_cfg, scheme = require(params, "model"), require(params, "sparse")
     signature = json.loads((AUTODIFF / "signature.json").read_text())
     full = load_ir(AUTODIFF / "train_step.json")["train_step"]
-    relax_of = {t: r for r, t in signature["torch_names"].items()}
     selected = select(scheme, json.loads(LAYERS.read_text()))
-    everything = set(signature["inputs"][2:2 + signature["num_params"]])
+    everything = dict.fromkeys(signature["torch_names"][p]
+                               for p in signature["inputs"][2:2 + signature["num_params"]])
     spec = case_spec(params, profile, selected)
     results = {}
     scratch = Path(tempfile.mkdtemp(prefix="pock-memory-"))
     try:
-        for name, trainable in [("full", everything),
-                                (scheme["name"], {relax_of[n] for n in selected})]:
+        for name, selection in [("full", everything), (scheme["name"], selected)]:
             for reorder in (False, True):
                 case = f"compiled_{name}_{'reordered' if reorder else 'plain'}"
                 directory = scratch / case
                 directory.mkdir()
-                plan = compile_variant(full, signature, trainable, reorder, name,
+                plan = compile_variant(full, signature, selection, reorder, name,
                                        tvm_target(profile), directory)
                 run = run_isolated("compiled", dict(spec, build_dir=str(directory)))
                 results[case] = {"peak_rss_bytes": run["peak_rss_bytes"],

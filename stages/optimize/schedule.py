@@ -125,6 +125,17 @@ def reorder_updates(func: relax.Function, update_outputs: dict[int, str]) -> rel
     return relax.Function(func.params, body, func.body.body.ty, func.is_pure, func.attrs)
 
 
+def saved_for_backward(func: relax.Function, update_outputs: dict[int, str]) -> int:
+    """Bytes of forward values the backward pass or an update reads: the activations a
+    training step must keep from its forward pass."""
+    kinds = classify(func, update_outputs)
+    read_later = {v for b in _block(func).bindings if kinds[b.var] != "forward"
+                  for v in _uses(b.value)}
+    return sum(nbytes(b.var) for b in _block(func).bindings
+               if kinds[b.var] == "forward" and b.var in read_later
+               and isinstance(b.var.ty, relax.TensorType))
+
+
 def liveness(func: relax.Function, update_outputs: dict[int, str]) -> dict:
     """Bytes alive at the step's peak, walking its bindings in order: a binding's tensor lives
     from its definition to its last use (outputs to the end). Broken down by class; the step's

@@ -1,13 +1,17 @@
-"""Sparse layer backpropagation by dead-code elimination.
+"""Sparse backpropagation: layer-level by dead-code elimination, channel-level by slicing.
 
 The full step updates every parameter. Dropping the outputs of frozen parameters (their new
 values and optimizer state) makes their gradients dead, and with them every backward op that
 only fed those gradients, including all backward work through a frozen prefix of the network.
+Parameters a scheme updates on some channels only are then rewritten by
+stages/prune/channels.py to compute and apply just that slice of their gradient.
 """
 from __future__ import annotations
 
 import tvm
 from tvm import relax
+
+from stages.prune.channels import slice_updates
 
 
 def prune_step(step: relax.Function, signature: dict, trainable: set[str]) -> tuple:
@@ -42,3 +46,14 @@ def prune_step(step: relax.Function, signature: dict, trainable: set[str]) -> tu
                                           if n not in frozen_state},
                          trainable=[p for p in params if p in trainable])
     return pruned.with_attr("global_symbol", "train_step"), new_signature
+
+
+def sparse_step(step: relax.Function, signature: dict,
+                selection: dict[str, dict | None]) -> tuple[relax.Function, dict, dict]:
+    """The full ``step`` restricted to a scheme's ``selection`` (stages/prune/scheme.py: PyTorch
+    name -> None or channels). Returns the step, its signature and, per channel-sparse
+    parameter, how its gradient slice is computed (stages/prune/channels.py)."""
+    relax_of = {torch: relax for relax, torch in signature["torch_names"].items()}
+    pruned, pruned_signature = prune_step(step, signature, {relax_of[n] for n in selection})
+    return slice_updates(pruned, pruned_signature,
+                         {relax_of[n]: s for n, s in selection.items() if s is not None})

@@ -1,22 +1,29 @@
-"""Sparse-update schemes: which parameters a fine-tuning run updates.
+"""Sparse-update schemes: which parameters, and which of their channels, fine-tuning updates.
 
 A scheme (conf/sparse/<name>.yaml) is a list of rules; a parameter is updated when any rule
 selects it. A rule selects by
-  modules: glob patterns on the PyTorch module path ("features.*.conv.0.0", "classifier.*")
-  kinds:   layer kinds (conv, conv_pointwise, conv_depthwise, linear, norm); optional
-  blocks:  {first: k} or {last: k} of the model's repeated blocks; optional
-  update:  weight, bias or both (a norm layer's shift counts as its bias)
-Reserved for channel-level sparsity: ``channels`` and ``axis`` (not yet supported).
+  modules:  patterns on the PyTorch module path: globs ("features.*.conv.0.0", "classifier.*")
+            or regular expressions prefixed "re:" ("re:features\\.1[0-7]\\.conv\\.0\\.0")
+  kinds:    layer kinds (conv, conv_pointwise, conv_depthwise, linear, norm); optional
+  blocks:   {first: k} or {last: k} of the model's repeated blocks; optional
+  update:   weight, bias or both (a norm layer's scale counts as its weight, its shift as bias)
+  channels: optional; a ratio 0 < r <= 1 (the first ceil(r * C) channels) or a list of channel
+            indices: only those channels are updated, and only their gradient is computed
+  axis:     output (default) or input: which channels ``channels`` counts. A bias or norm
+            parameter has output channels only; with axis input it is updated whole.
 """
 from __future__ import annotations
 
 import fnmatch
+import math
+import re
 
 from pipelines.config import ConfigError
 
 KINDS = {"conv", "conv_pointwise", "conv_depthwise", "linear", "norm"}
 UPDATES = {"weight": {"weight"}, "bias": {"bias"}, "both": {"weight", "bias"}}
-RULE_KEYS = {"name", "modules", "kinds", "blocks", "update"}
+AXES = {"output": 0, "input": 1}
+RULE_KEYS = {"name", "modules", "kinds", "blocks", "update", "channels", "axis"}
 SOURCE = "params.yaml (sparse, from conf/sparse)"
 
 
@@ -35,41 +42,108 @@ def _block_range(blocks: dict, count: int, rule_name: str) -> range:
     return range(0, k) if where == "first" else range(count - k, count)
 
 
-def select(scheme: dict, layers: dict) -> list[str]:
-    """PyTorch names of the parameters ``scheme`` updates, in model order.
+def _matcher(pattern: str, rule_name: str):
+    if pattern.startswith("re:"):
+        try:
+            compiled = re.compile(pattern[3:])
+        except re.error as err:
+            raise _rule_error(rule_name, f"module pattern {pattern!r} is not a valid regular "
+                                         f"expression: {err}") from None
+        return lambda module: compiled.fullmatch(module) is not None
+    return lambda module: fnmatch.fnmatchcase(module, pattern)
 
-    ``layers`` is the import stage's layers.json. Every rule must select something."""
+
+def _channels(rule: dict, param: dict, axis: int, rule_name: str) -> list[int] | None:
+    """Channel indices ``rule`` selects of ``param`` along ``axis``; None for all of them."""
+    spec = rule.get("channels")
+    if spec is None or axis >= len(param["shape"]):
+        return None
+    if param["kind"] == "conv_depthwise" and axis == 1:
+        raise _rule_error(rule_name, f"axis=input on depthwise conv {param['module']!r}: it has "
+                                     "one input channel per group; use axis: output")
+    count = param["shape"][axis]
+    if isinstance(spec, bool) or not isinstance(spec, (int, float, list)):
+        raise _rule_error(rule_name, f"channels={spec!r}; allowed: a ratio 0 < r <= 1 or a "
+                                     "list of channel indices")
+    if isinstance(spec, list):
+        if not spec or not all(isinstance(c, int) and not isinstance(c, bool) for c in spec):
+            raise _rule_error(rule_name, f"channels={spec!r}; a channel list holds integers")
+        bad = [c for c in spec if not 0 <= c < count]
+        if bad:
+            raise _rule_error(rule_name, f"channels {bad} out of range for {param['name']!r} "
+                                         f"({count} channels on axis {axis})")
+        index = sorted(set(spec))
+    else:
+        if not 0 < spec <= 1:
+            raise _rule_error(rule_name, f"channels={spec!r}; a ratio must be in (0, 1]")
+        index = list(range(max(1, math.ceil(spec * count - 1e-9))))
+    return None if len(index) == count else index
+
+
+def rule_matches(rule: dict, layers: dict, position: int) -> list[tuple[str, dict | None]]:
+    """(parameter name, channel selection or None) for every parameter ``rule`` selects; a rule
+    that selects nothing is an error naming it."""
+    name = rule.get("name", f"#{position}")
+    unknown = set(rule) - RULE_KEYS
+    if unknown:
+        raise _rule_error(name, f"unknown keys {sorted(unknown)}; allowed: {sorted(RULE_KEYS)}")
+    update = rule.get("update", "both")
+    if update not in UPDATES:
+        raise _rule_error(name, f"update={update!r}; allowed: {sorted(UPDATES)}")
+    kinds = set(rule.get("kinds") or KINDS)
+    if kinds - KINDS:
+        raise _rule_error(name, f"kinds {sorted(kinds - KINDS)} unknown; allowed: "
+                                f"{sorted(KINDS)}")
+    axis_name = rule.get("axis", "output")
+    if axis_name not in AXES:
+        raise _rule_error(name, f"axis={axis_name!r}; allowed: {sorted(AXES)}")
+    patterns = rule.get("modules") or ["*"]
+    candidates = layers["parameters"]
+    matchers = []
+    for pattern in patterns:
+        match = _matcher(str(pattern), name)
+        if not any(match(p["module"]) for p in candidates):
+            raise _rule_error(name, f"module pattern {pattern!r} matches no layer of the "
+                                    f"model (e.g. {candidates[0]['module']!r})")
+        matchers.append(match)
+    blocks = (_block_range(rule["blocks"], len(layers["blocks"]), name)
+              if "blocks" in rule else None)
+    matched = [(p["name"], _channels(rule, p, AXES[axis_name], name)) for p in candidates
+               if any(match(p["module"]) for match in matchers)
+               and p["kind"] in kinds and p["role"] in UPDATES[update]
+               and (blocks is None or (p["block"] is not None and p["block"] in blocks))]
+    if not matched:
+        raise _rule_error(name, "selects no parameter (check its modules, kinds, blocks "
+                                "and update together)")
+    return [(p, None if index is None else {"axis": AXES[axis_name], "index": index})
+            for p, index in matched]
+
+
+def select(scheme: dict, layers: dict) -> dict[str, dict | None]:
+    """What ``scheme`` updates, in model order: PyTorch parameter name -> None (the whole
+    tensor) or {"axis": 0 or 1, "index": [channels]}.
+
+    ``layers`` is the import stage's layers.json. Rules add up: a parameter one rule selects
+    whole is updated whole; channel lists of two rules on the same axis are merged."""
     rules = scheme.get("rules")
     if not rules:
         raise ConfigError(f"{SOURCE}: scheme {scheme.get('name')!r} has no rules")
-    chosen: set[str] = set()
-    for index, rule in enumerate(rules):
-        name = rule.get("name", f"#{index}")
-        unknown = set(rule) - RULE_KEYS
-        if unknown:
-            raise _rule_error(name, f"unknown keys {sorted(unknown)}; allowed: "
-                                    f"{sorted(RULE_KEYS)}")
-        update = rule.get("update", "both")
-        if update not in UPDATES:
-            raise _rule_error(name, f"update={update!r}; allowed: {sorted(UPDATES)}")
-        kinds = set(rule.get("kinds") or KINDS)
-        if kinds - KINDS:
-            raise _rule_error(name, f"kinds {sorted(kinds - KINDS)} unknown; allowed: "
-                                    f"{sorted(KINDS)}")
-        patterns = rule.get("modules") or ["*"]
-        candidates = layers["parameters"]
-        for pattern in patterns:
-            if not any(fnmatch.fnmatchcase(p["module"], pattern) for p in candidates):
-                raise _rule_error(name, f"module pattern {pattern!r} matches no layer of the "
-                                        f"model (e.g. {candidates[0]['module']!r})")
-        blocks = (_block_range(rule["blocks"], len(layers["blocks"]), name)
-                  if "blocks" in rule else None)
-        matched = [p["name"] for p in candidates
-                   if any(fnmatch.fnmatchcase(p["module"], pat) for pat in patterns)
-                   and p["kind"] in kinds and p["role"] in UPDATES[update]
-                   and (blocks is None or (p["block"] is not None and p["block"] in blocks))]
-        if not matched:
-            raise _rule_error(name, "selects no parameter (check its modules, kinds, blocks "
-                                    "and update together)")
-        chosen.update(matched)
-    return [p["name"] for p in layers["parameters"] if p["name"] in chosen]
+    chosen: dict[str, dict | None] = {}
+    chosen_by: dict[str, str] = {}
+    for position, rule in enumerate(rules):
+        for param, selection in rule_matches(rule, layers, position):
+            rule_name = rule.get("name", f"#{position}")
+            if param not in chosen or chosen[param] is None or selection is None:
+                chosen[param] = None if param in chosen else selection
+                chosen_by.setdefault(param, rule_name)
+                continue
+            if chosen[param]["axis"] != selection["axis"]:
+                raise _rule_error(rule_name, f"selects channels of {param!r} on another axis "
+                                             f"than rule {chosen_by[param]!r} does")
+            chosen[param] = dict(selection, index=sorted(set(chosen[param]["index"])
+                                                         | set(selection["index"])))
+    shapes = {p["name"]: p["shape"] for p in layers["parameters"]}
+    for param, selection in chosen.items():  # merged lists may cover every channel
+        if selection and len(selection["index"]) == shapes[param][selection["axis"]]:
+            chosen[param] = None
+    return {p["name"]: chosen[p["name"]] for p in layers["parameters"] if p["name"] in chosen}

@@ -74,13 +74,19 @@ def render(params: dict) -> str:
         "| | full BP | pruned | removed |",
         "|---|---|---|---|",
     ]
-    for key in ("ops", "flops", "bytes_produced"):
+    for key in ("ops", "flops", "bytes_produced", "trainable_elements", "param_grad_bytes",
+                "optimizer_state_bytes", "saved_activation_bytes"):
         lines.append(f"| {key} | {prune['full'][key]:,} | {prune['pruned'][key]:,} | "
                      f"{prune['removed_fraction'][key]:.1%} |")
+    lines.append("")
+    if prune["channel_sparse"]:
+        lines += ["Channel-sparse parameters (only these channels' gradient is computed):", "",
+                  "| parameter | axis | channels | gradient slice computed from |", "|---|---|---|---|"]
+        lines += [f"| {name} | {'output' if c['axis'] == 0 else 'input'} | {c['channels']} | "
+                  f"{'sliced operands' if c['gradient'] == 'operands' else c['gradient']} |"
+                  for name, c in prune["channel_sparse"].items()]
+        lines.append("")
     lines += [
-        f"| trainable parameters | {prune['total_elements']:,} | {prune['trainable_elements']:,}"
-        f" | |",
-        "",
         "## Fine-tuning on real data",
         "",
         f"Task: {tune['task']} ({tune['steps']} steps).",
