@@ -13,12 +13,13 @@ import json
 import math
 
 import tvm
+from tvm import relax
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.config import load_params, require, run_stage
-from pipelines.ir import count_ops, graph_cost, load_ir, save_ir
+from pipelines.ir import count_ops, graph_cost, load_ir, op_cost, save_ir
 from stages.optimize.passes import update_outputs
-from stages.optimize.schedule import saved_for_backward
+from stages.optimize.schedule import classify, saved_for_backward
 from stages.prune.prune import sparse_step
 from stages.prune.scheme import select
 
@@ -29,8 +30,9 @@ FLOAT_BYTES = 4
 
 
 def step_cost(step, signature: dict, layers: dict) -> dict:
-    """What one training step computes and keeps: graph cost (stages/prune: ops, FLOPs, bytes
-    produced), the bytes of parameter gradients and optimizer state, saved activations."""
+    """What one training step computes and keeps: graph cost (ops, FLOPs, bytes produced),
+    FLOPs of the backward pass and updates, the bytes of parameter gradients and optimizer
+    state, and the activations saved for backward."""
     shapes = {p["name"]: p["shape"] for p in layers["parameters"]}
     torch_names, channels = signature["torch_names"], signature.get("channels", {})
 
@@ -43,8 +45,13 @@ def step_cost(step, signature: dict, layers: dict) -> dict:
     state_elems = sum(math.prod(info["shape"]) if "shape" in info
                       else elements(info["param"]) if info["param"] else 1
                       for info in signature["optimizer_state"].values())
+    kinds = classify(step, update_outputs(signature))
+    backward = sum(op_cost(b.value)[0] for b in step.body.blocks[0].bindings
+                   if kinds[b.var] != "forward" and isinstance(b.value, relax.Call)
+                   and isinstance(b.value.op, tvm.ir.Op))
     return {
         **graph_cost(step),
+        "backward_flops": backward,
         "trainable_elements": sum(elements(p) for p in signature["trainable"]),
         "param_grad_bytes": FLOAT_BYTES * sum(elements(p) for p in signature["trainable"]),
         "optimizer_state_bytes": FLOAT_BYTES * state_elems,

@@ -16,6 +16,7 @@ def _mib(n: float) -> str:
 
 def render(params: dict) -> str:
     prune = json.loads((ARTIFACTS / "prune" / "report.json").read_text())
+    schemes = json.loads((ARTIFACTS / "schemes" / "metrics.json").read_text())
     plan = json.loads((ARTIFACTS / "optimize" / "plan.json").read_text())
     tune = json.loads((ARTIFACTS / "finetune" / "metrics.json").read_text())
     memory = json.loads((ARTIFACTS / "memory" / "metrics.json").read_text())
@@ -74,7 +75,7 @@ def render(params: dict) -> str:
         "| | full BP | pruned | removed |",
         "|---|---|---|---|",
     ]
-    for key in ("ops", "flops", "bytes_produced", "trainable_elements", "param_grad_bytes",
+    for key in ("ops", "flops", "backward_flops", "bytes_produced", "trainable_elements", "param_grad_bytes",
                 "optimizer_state_bytes", "saved_activation_bytes"):
         lines.append(f"| {key} | {prune['full'][key]:,} | {prune['pruned'][key]:,} | "
                      f"{prune['removed_fraction'][key]:.1%} |")
@@ -87,6 +88,23 @@ def render(params: dict) -> str:
                   for name, c in prune["channel_sparse"].items()]
         lines.append("")
     lines += [
+        "## Schemes side by side (host, compiled step)",
+        "",
+        f"PyTorch eager full BP in the same run: {schemes['torch_eager_full_ms']:.2f} ms/step "
+        "(`artifacts/schemes/metrics.json`). Backward = backward pass plus updates.",
+        "",
+        "| scheme | ms/step | vs compiled full | vs PyTorch eager full | backward FLOPs "
+        "| gradient+state bytes | saved activations | accuracy after fine-tuning |",
+        "|---|---|---|---|---|---|---|---|",
+        *[f"| {name} | {row['median_ms']:.2f} | "
+          f"{row['speedup_vs_compiled_full'] or float('nan'):.2f}x | "
+          f"{row['speedup_vs_torch_eager_full']:.2f}x | {row['backward_flops_vs_full']:.3f} | "
+          f"{row['param_grad_bytes_vs_full']:.3f} | {row['saved_activation_bytes_vs_full']:.3f}"
+          f" | {row['accuracy']:.3f} |"
+          for name, row in ((n, schemes["schemes"][n]) for n in params["compare"]["schemes"])],
+        "",
+        "Ratios in the FLOP and byte columns are the scheme's over full BP's.",
+        "",
         "## Fine-tuning on real data",
         "",
         f"Task: {tune['task']} ({tune['steps']} steps).",
