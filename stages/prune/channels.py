@@ -107,12 +107,10 @@ class _Slicer:
             return self.emit(relax.op.permute_dims(
                 self.sliced(value.args[0], order[axis], index), order), name)
         elif op == "relax.strided_slice" and self._keeps_axis(value, axis, full):
-            attrs = value.attrs
-            axes = [int(a) for a in attrs.axes]
-            end = [len(index) if a == axis else int(e) for a, e in zip(axes, attrs.end)]
+            axes, begin, end, strides = self._slice_args(value)
+            end = [len(index) if a == axis else e for a, e in zip(axes, end)]
             return self.emit(relax.op.strided_slice(
-                self.sliced(value.args[0], axis, index), axes, [int(b) for b in attrs.begin],
-                end, [int(s) for s in attrs.strides] if attrs.strides else None), name)
+                self.sliced(value.args[0], axis, index), axes, begin, end, strides), name)
         # No rule pushes the slice into this op's operands: compute whole, then slice.
         self.fallbacks.append(f"{op or type(value).__name__} ({var.name})")
         return self.take(var, axis, index, name)
@@ -124,14 +122,18 @@ class _Slicer:
             ("CNHW", "IOHW", "CNHW")
 
     @staticmethod
-    def _keeps_axis(call, axis: int, full: list[int]) -> bool:
+    def _slice_args(call) -> tuple[list[int], ...]:
+        """(axes, begin, end, strides) of a strided_slice call (TVM 0.27 passes them as
+        tuple arguments, not attributes)."""
+        ints = [[int(v.value) for v in arg.fields] for arg in call.args[1:]]
+        axes, begin, end = ints[:3]
+        return axes, begin, end, ints[3] if len(ints) > 3 else [1] * len(axes)
+
+    def _keeps_axis(self, call, axis: int, full: list[int]) -> bool:
         """A strided_slice that leaves ``axis`` whole (as TVM's conv2d rule uses to crop)."""
-        attrs = call.attrs
-        for a, b, e, s in zip(attrs.axes, attrs.begin, attrs.end,
-                              attrs.strides or [1] * len(attrs.axes)):
-            if int(a) == axis and (int(b) != 0 or int(s) != 1
-                                   or int(e) < shape_of(call.args[0])[axis]
-                                   or shape_of(call.args[0])[axis] != full[axis]):
+        size = shape_of(call.args[0])[axis]
+        for a, b, e, s in zip(*self._slice_args(call)):
+            if a == axis and (b != 0 or s != 1 or e < size or size != full[axis]):
                 return False
         return True
 

@@ -17,6 +17,7 @@ def _mib(n: float) -> str:
 def render(params: dict) -> str:
     prune = json.loads((ARTIFACTS / "prune" / "report.json").read_text())
     schemes = json.loads((ARTIFACTS / "schemes" / "metrics.json").read_text())
+    search = json.loads((ARTIFACTS / "search" / "contributions.json").read_text())
     plan = json.loads((ARTIFACTS / "optimize" / "plan.json").read_text())
     tune = json.loads((ARTIFACTS / "finetune" / "metrics.json").read_text())
     memory = json.loads((ARTIFACTS / "memory" / "metrics.json").read_text())
@@ -94,16 +95,30 @@ def render(params: dict) -> str:
         "(`artifacts/schemes/metrics.json`). Backward = backward pass plus updates.",
         "",
         "| scheme | ms/step | vs compiled full | vs PyTorch eager full | backward FLOPs "
-        "| gradient+state bytes | saved activations | accuracy after fine-tuning |",
+        "| parameter-gradient bytes | saved activations | accuracy after fine-tuning |",
         "|---|---|---|---|---|---|---|---|",
         *[f"| {name} | {row['median_ms']:.2f} | "
           f"{row['speedup_vs_compiled_full'] or float('nan'):.2f}x | "
           f"{row['speedup_vs_torch_eager_full']:.2f}x | {row['backward_flops_vs_full']:.3f} | "
           f"{row['param_grad_bytes_vs_full']:.3f} | {row['saved_activation_bytes_vs_full']:.3f}"
           f" | {row['accuracy']:.3f} |"
-          for name, row in ((n, schemes["schemes"][n]) for n in params["compare"]["schemes"])],
+          for name, row in ((n, schemes["schemes"][n]) for n in schemes["order"])],
         "",
         "Ratios in the FLOP and byte columns are the scheme's over full BP's.",
+        "",
+        f"## Scheme search (budget {search['budget_mb']:g} MiB)",
+        "",
+        f"`{schemes['order'][-1]}` above was chosen by `stages/search` "
+        f"(`artifacts/search/scheme.yaml`): loss drop per byte, measured by short PyTorch "
+        f"fine-tuning runs; gradients + state + saved activations "
+        f"{search['chosen_cost_bytes'] / 2**20:.3f} MiB. Base (classifier) mean training loss "
+        f"{search['base_loss']:.4f}. Best candidates:",
+        "",
+        "| layer | channel ratio | loss drop | memory cost | chosen |",
+        "|---|---|---|---|---|",
+        *[f"| {r['module']} | {r['ratio']:g} | {r['contribution']:+.4f} | "
+          f"{r['cost_bytes'] / 2**10:.1f} KiB | {'yes' if r['chosen'] else ''} |"
+          for r in sorted(search["candidates"], key=lambda r: -r["contribution"])[:8]],
         "",
         "## Fine-tuning on real data",
         "",

@@ -1,6 +1,7 @@
 """schemes: every scheme in ``compare.schemes`` side by side with full backpropagation.
 
-Per scheme (conf/sparse/<name>.yaml) on the host profile: what pruning removes (FLOPs of the
+Per scheme (conf/sparse/<name>.yaml, and the scheme_search stage's artifacts/search/scheme.yaml)
+on the host profile: what pruning removes (FLOPs of the
 backward pass and updates, gradient, state and saved-activation bytes), the compiled step's
 latency (a fresh process per case, the benchmark's loop) and the accuracy after fine-tuning
 with the compiled step on the digits task (the finetune stage's data, epochs and batch order).
@@ -33,6 +34,7 @@ from stages.prune.__main__ import prune_scheme
 AUTODIFF = ARTIFACTS / "autodiff"
 LAYERS = ARTIFACTS / "import" / "layers.json"
 OUT = ARTIFACTS / "schemes" / "metrics.json"
+SEARCHED = ARTIFACTS / "search" / "scheme.yaml"
 
 
 def load_scheme(name: str) -> dict:
@@ -67,6 +69,7 @@ def main() -> None:
     profile = load_profile("host")
     names = list(require(params, "compare.schemes"))
     schemes = [load_scheme(n) for n in names]  # every name checked before any work
+    schemes.append(yaml.safe_load(SEARCHED.read_text()))
     layers = json.loads(LAYERS.read_text())
     signature = json.loads((AUTODIFF / "signature.json").read_text())
     full = load_ir(AUTODIFF / "train_step.json")["train_step"]
@@ -104,7 +107,7 @@ def main() -> None:
         row["speedup_vs_torch_eager_full"] = torch_full / row["median_ms"]
         row["speedup_vs_compiled_full"] = full_ms / row["median_ms"] if full_ms else None
     write_json_atomic(OUT, {"model": params["model"]["name"], "torch_eager_full_ms": torch_full,
-                            "schemes": rows})
+                            "order": [s["name"] for s in schemes], "schemes": rows})
 
 
 if __name__ == "__main__":
