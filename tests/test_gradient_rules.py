@@ -64,6 +64,29 @@ def test_batch_norm_training_matches_autograd(shape):
         np.testing.assert_allclose(g, t, rtol=1e-3, atol=1e-4)
 
 
+def test_rsqrt_matches_autograd():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.2, 4.0, (6, 7)).astype("float32")
+    w = rng.standard_normal(x.shape).astype("float32")
+    got = relax_grads(relax.op.rsqrt, [x.shape], [x], w)
+    np.testing.assert_allclose(got[0], torch_grads(torch.rsqrt, [x], w)[0], **TOL)
+
+
+@pytest.mark.parametrize("axes, begin, end", [([2], [0], [3]), ([2], [3], [7]),
+                                              ([0, 2], [1, 2], [3, 100]), ([1], [-3], [5])])
+def test_strided_slice_matches_autograd(axes, begin, end):
+    """Rotary embeddings split the head dimension in halves; clamped and negative bounds too."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 5, 7)).astype("float32")
+    index = [slice(None)] * 3
+    for a, b, e in zip(axes, begin, end):
+        index[a] = slice(b, e)
+    w = rng.standard_normal(x[tuple(index)].shape).astype("float32")
+    got = relax_grads(lambda a: relax.op.strided_slice(a, axes, begin, end), [x.shape], [x], w)
+    want = torch_grads(lambda a: a[tuple(index)], [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
 def test_depthwise_conv_gradient_matches_autograd():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 6, 9, 9)).astype("float32")

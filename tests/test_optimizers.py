@@ -7,7 +7,8 @@ Besides all parameters and the last layer, a channel-sparse selection updates so
 channels of the first layer and some output channels of the last (PyTorch side: full gradient,
 then only the selected slice stepped); its other channels must stay bit-identical.
 Tolerance: loss at every step within 1e-5 relative; weights and optimizer state after the last
-step within rtol 1e-4, atol 1e-6. The all-parameters cases also go through update reordering.
+step within rtol 1e-4, atol 1e-6. The all-parameters and channel cases also go through update
+reordering.
 """
 import json
 
@@ -78,8 +79,8 @@ CHANNELS = {"0.weight": {"axis": 1, "index": [1, 4, 7, 8, 9]}, "0.bias": None,
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_compiled_optimizer_matches_torch_optim(tmp_path, name, trainable):
     cfg = CONFIGS[name]
-    # The all-parameters case runs with operator reordering, the sparse one without.
-    compiled = compile_step(tmp_path, cfg, trainable, reorder=trainable is None)
+    # The all-parameters and channel cases run with operator reordering, last_layer without.
+    compiled = compile_step(tmp_path, cfg, trainable, reorder=not isinstance(trainable, list))
     reference = make_model()
     optimizer = make_optimizer(reference, cfg, trainable)
     for x, y in batches():

@@ -1,4 +1,6 @@
-"""Gradient rules that TVM 0.27's Relax lacks and MobileNetV2 needs.
+"""Gradient rules that TVM 0.27's Relax lacks and the reference models need (MobileNetV2:
+clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
+embeddings).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
 Rules are registered once, on import; a rule TVM later ships itself is left in place.
@@ -10,6 +12,7 @@ from tvm import relax
 from tvm.relax.op import (add, divide, greater, less, logical_and, mean, multiply, reshape, sqrt,
                           subtract, sum as rsum, variance, where, zeros_like)
 from tvm.relax.op.base import register_gradient
+from tvm.relax.op.nn import pad as pad_zeros
 from tvm.relax.op._op_gradient import no_grad
 
 from pipelines.ir import dtype_of, shape_of
@@ -67,9 +70,39 @@ def batch_norm_grad(orig_var, orig_call, output_grad, ctx):
     return [dx, dgamma, dbeta, no_grad(moving_mean), no_grad(moving_var)]
 
 
+def rsqrt_grad(orig_var, orig_call, output_grad, ctx):
+    """y = 1 / sqrt(x): dx = -y^3 / 2 * dy."""
+    dtype = dtype_of(orig_var)
+    cube = multiply(orig_var, multiply(orig_var, orig_var))
+    return [multiply(output_grad, multiply(relax.const(-0.5, dtype), cube))]
+
+
+def strided_slice_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x[begin:end] along some axes, unit strides: dx is dy padded with zeros back to the
+    shape of x (positions outside the slice get no gradient)."""
+    x = orig_call.args[0]
+    dims = shape_of(x)
+    axes, begin, end = ([int(v.value) for v in arg.fields] for arg in orig_call.args[1:4])
+    strides = ([int(v.value) for v in orig_call.args[4].fields] if len(orig_call.args) > 4
+               else [1] * len(axes))
+    if any(s != 1 for s in strides):
+        raise NotImplementedError("strided_slice gradient: only unit strides are supported "
+                                  f"(got strides {strides})")
+    pad = [[0, 0] for _ in dims]
+    for axis, b, e in zip(axes, begin, end):
+        axis %= len(dims)
+        b = min(max(b + dims[axis] if b < 0 else b, 0), dims[axis])
+        e = min(max(e + dims[axis] if e < 0 else e, 0), dims[axis])
+        pad[axis] = [b, dims[axis] - e]
+    return [pad_zeros(output_grad, [p for pair in pad for p in pair])] + [
+        no_grad(arg) for arg in orig_call.args[1:]]
+
+
 RULES = {
     "relax.clip": clip_grad,
     "relax.nn.batch_norm": batch_norm_grad,
+    "relax.rsqrt": rsqrt_grad,
+    "relax.strided_slice": strided_slice_grad,
 }
 
 

@@ -44,6 +44,10 @@ def make_splits(data_cfg: dict, model_cfg: dict, seed: int) -> dict[str, np.ndar
 def main() -> None:
     params = load_params()
     data_cfg, model_cfg = require(params, "data"), require(params, "model")
+    if model_cfg.get("arch") != "mobilenetv2":  # the digits task feeds image models only
+        raise ConfigError(f"params.yaml: model.arch={model_cfg.get('arch')!r}: the data stage "
+                          "has only an image task (digits); allowed: ['mobilenetv2']. The "
+                          "compiler stages and `pock scheme show` take the llama model already.")
     splits = make_splits(data_cfg, model_cfg, int(require(params, "seed")))
     with atomic_dir(OUT) as tmp:
         save_arrays(tmp / "digits.npz", splits)

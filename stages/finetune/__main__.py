@@ -6,7 +6,9 @@ performs the same update (same scheme, optimizer, batches and order) beside it.
 Outputs (artifacts/finetune/): metrics.json, loss.json and accuracy.json (DVC plots), and
 weights.pt, the fine-tuned state dict, which loads into the PyTorch model, and optimizer.pt,
 the compiled step's optimizer state as a torch.optim state dict over the trainable parameters
-(in signature order), so training can go on in PyTorch where it stopped.
+(in signature order), so training can go on in PyTorch where it stopped. For a channel-sparse
+scheme that state is slice-shaped: it belongs to the optimizer of ``ChannelSparse``
+(pipelines/torch_ref.py), which ``CompiledStep.torch_optimizer`` returns.
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from pipelines.models import RMSNorm
+
 
 def layer_kind(module: torch.nn.Module) -> str:
     if isinstance(module, torch.nn.Conv2d):
@@ -13,8 +15,11 @@ def layer_kind(module: torch.nn.Module) -> str:
         return "conv"
     if isinstance(module, torch.nn.Linear):
         return "linear"
-    if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+    if isinstance(module, (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm,
+                           RMSNorm)):
         return "norm"
+    if isinstance(module, torch.nn.Embedding):
+        return "embedding"
     return type(module).__name__.lower()
 
 

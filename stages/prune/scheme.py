@@ -4,7 +4,8 @@ A scheme (conf/sparse/<name>.yaml) is a list of rules; a parameter is updated wh
 selects it. A rule selects by
   modules:  patterns on the PyTorch module path: globs ("features.*.conv.0.0", "classifier.*")
             or regular expressions prefixed "re:" ("re:features\\.1[0-7]\\.conv\\.0\\.0")
-  kinds:    layer kinds (conv, conv_pointwise, conv_depthwise, linear, norm); optional
+  kinds:    layer kinds (conv, conv_pointwise, conv_depthwise, linear, norm, embedding);
+            optional
   blocks:   {first: k} or {last: k} of the model's repeated blocks; optional
   update:   weight, bias or both (a norm layer's scale counts as its weight, its shift as bias)
   channels: optional; a ratio 0 < r <= 1 (the first ceil(r * C) channels) or a list of channel
@@ -20,7 +21,7 @@ import re
 
 from pipelines.config import ConfigError
 
-KINDS = {"conv", "conv_pointwise", "conv_depthwise", "linear", "norm"}
+KINDS = {"conv", "conv_pointwise", "conv_depthwise", "linear", "norm", "embedding"}
 UPDATES = {"weight": {"weight"}, "bias": {"bias"}, "both": {"weight", "bias"}}
 AXES = {"output": 0, "input": 1}
 RULE_KEYS = {"name", "modules", "kinds", "blocks", "update", "channels", "axis"}

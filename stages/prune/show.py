@@ -23,7 +23,9 @@ def full_step(model_cfg: dict, opt_cfg: dict) -> tuple[dict, object, dict]:
     main, names, origins = translate(program)
     num_params = sum(1 for kind, _ in names.values() if kind == "parameter")
     step, signature = build_train_step(main, num_params, from_config(opt_cfg), origins)
-    signature["torch_names"] = {n: torch_name for n, (_, torch_name) in names.items()}
+    # Step inputs only, as the lower stage's names.json (constants such as rotary tables are
+    # baked into the graph).
+    signature["torch_names"] = {v.name: names[v.name][1] for v in main.params[1:]}
     signature["num_params"] = num_params
     return describe_layers(model), step, signature
 

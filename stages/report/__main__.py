@@ -76,8 +76,8 @@ def render(params: dict) -> str:
         "| | full BP | pruned | removed |",
         "|---|---|---|---|",
     ]
-    for key in ("ops", "flops", "backward_flops", "bytes_produced", "trainable_elements", "param_grad_bytes",
-                "optimizer_state_bytes", "saved_activation_bytes"):
+    for key in ("ops", "flops", "backward_flops", "bytes_produced", "trainable_elements",
+                "param_grad_bytes", "optimizer_state_bytes", "saved_activation_bytes"):
         lines.append(f"| {key} | {prune['full'][key]:,} | {prune['pruned'][key]:,} | "
                      f"{prune['removed_fraction'][key]:.1%} |")
     lines.append("")
