@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["pretrain.epochs=1", "finetune.epochs=1", "benchmark.warmup=1", "benchmark.steps=3"]
+SMALL = ["pretrain.epochs=1", "finetune.epochs=1", "benchmark.warmup=1", "benchmark.steps=3",
+         "compare.schemes=[full,mbv2_channels]", "search.blocks.last=1", "search.steps=4"]
 
 
 def run(cmd, cwd):
@@ -41,11 +42,13 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
 
     first = run(["dvc", "repro"], repo)
     assert {"data", "pretrain", "import", "lower", "autodiff", "sparse_prune", "optimize",
-            "build@host", "benchmark@host", "finetune", "report"} <= ran_stages(first)
+            "build@host", "benchmark@host", "finetune", "scheme_search", "schemes",
+            "report"} <= ran_stages(first)
     for path in ["import/model.pt2", "import/model.onnx", "lower/model.relax.py",
                  "autodiff/train_step.relax.py", "prune/train_step.relax.py", "prune/report.json",
                  "optimize/plan.json", "build/host/step.so", "build/host/manifest.json",
                  "benchmark/host.json", "finetune/metrics.json", "finetune/loss.json",
+                 "search/scheme.yaml", "search/contributions.json", "schemes/metrics.json",
                  "report.md"]:
         assert (repo / "artifacts" / path).is_file(), path
 
@@ -75,6 +78,7 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
 
     run(compose + SMALL[:1] + ["finetune.epochs=2"] + SMALL[2:], repo)
     status = run(["dvc", "status"], repo)
-    assert re.findall(r"^(\S+):$", status, flags=re.M) == ["finetune"]
+    # The schemes stage fine-tunes every scheme with the same epochs: it depends on them too.
+    assert re.findall(r"^(\S+):$", status, flags=re.M) == ["finetune", "schemes"]
     third = run(["dvc", "repro"], repo)
-    assert ran_stages(third) == {"finetune", "report"}
+    assert ran_stages(third) == {"finetune", "schemes", "report"}
