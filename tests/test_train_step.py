@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 import torch
 import tvm
+import yaml
 
+from pipelines.config import CONF
 from pipelines.models import MobileNetV2
 from pipelines.step import CompiledStep
 from pipelines.torch_ref import make_optimizer, train_step
@@ -31,11 +33,11 @@ from stages.prune.prune import prune_step, sparse_step
 from stages.prune.scheme import select
 
 OPT = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
-MBV2_PAPER = {"name": "mbv2_paper", "rules": [
-    {"name": "first_pointwise", "modules": ["features.*.conv.0.0"], "kinds": ["conv_pointwise"],
-     "blocks": {"last": 7}, "update": "weight"},
-    {"name": "classifier", "modules": ["classifier.*"], "update": "both"}]}
-FULL = {"name": "full", "rules": [{"name": "all", "modules": ["*"], "update": "both"}]}
+# Every named scheme for MobileNetV2 in conf/sparse (transformer_paper is the decoder's:
+# tests/test_transformer.py).
+NAMED = {path.stem: yaml.safe_load(path.read_text())
+         for path in sorted((CONF / "sparse").glob("*.yaml")) if path.stem != "transformer_paper"}
+MBV2_PAPER = NAMED["mbv2_paper"]
 # Channel-sparse: every kind of slice the engine computes from sliced operands, plus a norm
 # layer (sliced after its reduction) and a channel list out of order.
 CHANNELS = {"name": "channels", "rules": [
@@ -74,7 +76,7 @@ def compile_scheme(tmp_path, model, full, signature, scheme):
     return selected
 
 
-@pytest.mark.parametrize("scheme", [FULL, MBV2_PAPER, CHANNELS], ids=lambda s: s["name"])
+@pytest.mark.parametrize("scheme", [*NAMED.values(), CHANNELS], ids=lambda s: s["name"])
 def test_compiled_step_matches_pytorch(tmp_path, model_and_program, scheme):
     model, full, signature = model_and_program
     selected = compile_scheme(tmp_path, model, full, signature, scheme)

@@ -94,17 +94,19 @@ def render(params: dict) -> str:
         f"PyTorch eager full BP in the same run: {schemes['torch_eager_full_ms']:.2f} ms/step "
         "(`artifacts/schemes/metrics.json`). Backward = backward pass plus updates.",
         "",
-        "| scheme | ms/step | vs compiled full | vs PyTorch eager full | backward FLOPs "
-        "| parameter-gradient bytes | saved activations | accuracy after fine-tuning |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scheme | ms/step | vs compiled full | vs PyTorch eager full | ops | FLOPs "
+        "| backward FLOPs | parameter-gradient bytes | saved activations "
+        "| accuracy after fine-tuning |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *[f"| {name} | {row['median_ms']:.2f} | "
           f"{row['speedup_vs_compiled_full'] or float('nan'):.2f}x | "
-          f"{row['speedup_vs_torch_eager_full']:.2f}x | {row['backward_flops_vs_full']:.3f} | "
+          f"{row['speedup_vs_torch_eager_full']:.2f}x | {row['ops_vs_full']:.3f} | "
+          f"{row['flops_vs_full']:.3f} | {row['backward_flops_vs_full']:.3f} | "
           f"{row['param_grad_bytes_vs_full']:.3f} | {row['saved_activation_bytes_vs_full']:.3f}"
           f" | {row['accuracy']:.3f} |"
           for name, row in ((n, schemes["schemes"][n]) for n in schemes["order"])],
         "",
-        "Ratios in the FLOP and byte columns are the scheme's over full BP's.",
+        "Ratios in the op, FLOP and byte columns are the scheme's over full BP's.",
         "",
         f"## Scheme search (budget {search['budget_mb']:g} MiB)",
         "",

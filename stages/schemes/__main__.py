@@ -93,8 +93,8 @@ def main() -> None:
                 "trainable_elements": pruned["trainable_elements"],
                 "channel_sparse_parameters": len(summary["channel_sparse"]),
                 **{f"{key}_vs_full": pruned[key] / whole[key] if whole[key] else None
-                   for key in ("backward_flops", "param_grad_bytes", "optimizer_state_bytes",
-                               "saved_activation_bytes")},
+                   for key in ("ops", "flops", "backward_flops", "param_grad_bytes",
+                               "optimizer_state_bytes", "saved_activation_bytes")},
             }
             print(f"{scheme['name']}: {timing['median_ms']:.2f} ms/step, accuracy "
                   f"{tuned['accuracy']:.3f}, backward FLOPs "
