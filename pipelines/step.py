@@ -1,4 +1,6 @@
-"""Running a built training step: load the library, hold the training state between steps.
+"""A built training step: a directory holding ``step.so`` and ``signature.json``. Compiling
+one into place (``save_step``), loading it and holding the training state between steps
+(``CompiledStep``).
 
 Benchmark, fine-tuning and the tests call the compiled step through this one class.
 """
@@ -13,14 +15,24 @@ import tvm
 from tvm import relax
 
 
+LIBRARY, SIGNATURE = "step.so", "signature.json"
+
+
+def save_step(mod: tvm.IRModule, signature: dict, target, directory: Path) -> None:
+    """Compile ``mod`` for ``target`` into ``directory`` with its signature beside it."""
+    directory = Path(directory)
+    tvm.compile(mod, target=target).export_library(str(directory / LIBRARY))
+    (directory / SIGNATURE).write_text(json.dumps(signature))
+
+
 class CompiledStep:
     """A loaded ``train_step`` plus its state (parameters, buffers, optimizer state)."""
 
     def __init__(self, build_dir: Path, initial: dict[str, np.ndarray]):
         build_dir = Path(build_dir)
-        self.signature = json.loads((build_dir / "signature.json").read_text())
+        self.signature = json.loads((build_dir / SIGNATURE).read_text())
         self.device = tvm.cpu()
-        self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(build_dir / "step.so")),
+        self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(build_dir / LIBRARY)),
                                        self.device)
         self.function = self.vm["train_step"]
         self.state_names = self.signature["inputs"][2:]
@@ -64,7 +76,6 @@ class CompiledStep:
             raise KeyError(f"compiled step holds no value for {untracked}")
         model.load_state_dict(state, strict=False)
         return model
-
 
     def torch_optimizer(self, model: torch.nn.Module):
         """An optimizer over the step's trainable parameters of ``model``, with the same

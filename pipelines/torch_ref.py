@@ -29,6 +29,8 @@ def make_optimizer(model: torch.nn.Module, cfg: dict, trainable=None):
 
 
 def _torch_optimizer(params: list, cfg: dict):
+    # Read from the config here, not from stages/autodiff/optimizers.py: the reference must not
+    # share the compiled side's reading of it, or a misread setting would match on both sides.
     kind = cfg.get("name", "sgd")
     if kind == "sgd":
         return torch.optim.SGD(params, lr=float(cfg["lr"]),

@@ -10,14 +10,13 @@ Tolerance: loss at every step within 1e-5 relative; weights and optimizer state 
 step within rtol 1e-4, atol 1e-6. The all-parameters and channel cases also go through update
 reordering.
 """
-import json
 
 import numpy as np
 import pytest
 import torch
 import tvm
 
-from pipelines.step import CompiledStep
+from pipelines.step import CompiledStep, save_step
 from pipelines.torch_ref import make_optimizer, train_step
 from stages.autodiff.optimizers import from_config
 from stages.autodiff.training import build_train_step
@@ -55,10 +54,7 @@ def compile_step(tmp_path, cfg, trainable=None, reorder=False):
         selection.update(trainable)
     step, sig, slicing = sparse_step(step, sig, selection)
     assert all(how == "operands" for how in slicing.values()), slicing
-    lib = tvm.compile(optimize(step, sig, reorder),
-                      target=tvm.target.Target({"kind": "llvm"}))
-    lib.export_library(str(tmp_path / "step.so"))
-    (tmp_path / "signature.json").write_text(json.dumps(sig))
+    save_step(optimize(step, sig, reorder), sig, tvm.target.Target({"kind": "llvm"}), tmp_path)
     initial = {r: model.state_dict()[t].numpy() for r, t in sig["torch_names"].items()}
     return CompiledStep(tmp_path, initial)
 

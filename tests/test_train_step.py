@@ -12,7 +12,6 @@ pass or block that element's gradient (seen as a 2% difference in one depthwise 
 gradient). A wrong update is off by ~100% of the change. Steps are compared from one shared state,
 not chained: chained steps of a randomly initialised network amplify those ulps chaotically.
 """
-import json
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ import yaml
 
 from pipelines.config import CONF
 from pipelines.models import MobileNetV2
-from pipelines.step import CompiledStep
+from pipelines.step import CompiledStep, save_step
 from pipelines.torch_ref import make_optimizer, train_step
 from stages.autodiff.optimizers import from_config
 from stages.autodiff.training import build_train_step
@@ -32,6 +31,7 @@ from stages.optimize.passes import optimize
 from stages.prune.prune import prune_step, sparse_step
 from stages.prune.scheme import select
 
+HOST = tvm.target.Target({"kind": "llvm"})
 OPT = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
 # Every named scheme for MobileNetV2 in conf/sparse (transformer_paper is the decoder's:
 # tests/test_transformer.py).
@@ -71,8 +71,7 @@ def compile_scheme(tmp_path, model, full, signature, scheme):
         "p_features_17_conv_0_1_weight", "p_features_17_conv_0_1_bias"}, slicing
     sig["scheme"] = scheme["name"]
     mod = optimize(pruned, sig, reorder=False)
-    tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})).export_library(str(tmp_path / "step.so"))
-    (tmp_path / "signature.json").write_text(json.dumps(sig))
+    save_step(mod, sig, HOST, tmp_path)
     return selected
 
 
@@ -153,9 +152,7 @@ def test_reordered_updates_give_the_same_step(tmp_path, model_and_program):
         out = tmp_path / name
         out.mkdir()
         mod = optimize(pruned, sig, reorder=name == "reordered")
-        tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})).export_library(
-            str(out / "step.so"))
-        (out / "signature.json").write_text(json.dumps(dict(sig, scheme="mbv2_paper")))
+        save_step(mod, dict(sig, scheme="mbv2_paper"), HOST, out)
         step = CompiledStep(out, initial)
         loss = step.step(x, y)
         results.append((loss, {n: v.numpy() for n, v in step.state.items()}))

@@ -6,7 +6,6 @@ SGD-momentum steps compiled against PyTorch's. The network is smooth (no ReLU ki
 tolerance is tight: loss within 1e-5 relative at every step; updated weights within rtol 1e-4,
 atol 1e-6. Channels outside a selection, and frozen parameters, stay bit-identical.
 """
-import json
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import yaml
 
 from pipelines.config import CONF
 from pipelines.models import build_model
-from pipelines.step import CompiledStep
+from pipelines.step import CompiledStep, save_step
 from pipelines.torch_ref import make_optimizer, train_step
 from stages.optimize.passes import optimize
 from stages.prune.prune import sparse_step
@@ -57,10 +56,9 @@ def test_compiled_decoder_step_matches_pytorch(tmp_path, step, scheme):
     pruned, sig, slicing = sparse_step(full, signature, selection)
     assert all(how == "operands" for how in slicing.values()), slicing
     assert len(slicing) == (4 if scheme is CHANNELS else 0)
-    tvm.compile(optimize(pruned, dict(sig, scheme=scheme["name"]), reorder=True),
-                target=tvm.target.Target({"kind": "llvm"})).export_library(
-        str(tmp_path / "step.so"))
-    (tmp_path / "signature.json").write_text(json.dumps(dict(sig, scheme=scheme["name"])))
+    sig = dict(sig, scheme=scheme["name"])
+    save_step(optimize(pruned, sig, reorder=True), sig, tvm.target.Target({"kind": "llvm"}),
+              tmp_path)
 
     torch.manual_seed(0)
     model = build_model(MODEL).train()

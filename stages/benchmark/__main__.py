@@ -27,7 +27,8 @@ def run_isolated(case: str, spec: dict) -> dict:
 
 def case_spec(params: dict, profile: dict, trainable: dict) -> dict:
     """What every case needs (stages/benchmark/cases.py); ``trainable`` is the scheme's
-    selection (PyTorch name -> None or channels) the frozen-layers case trains. The compiled case also needs ``build_dir``."""
+    selection (PyTorch name -> None or channels) the frozen-layers case trains. The compiled
+    case also needs ``build_dir``."""
     bench, model_cfg = require(params, "benchmark"), require(params, "model")
     return {
         "cores": int(profile["cores"]), "batch": int(model_cfg["batch_size"]),

@@ -14,11 +14,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import tvm
-
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
 from pipelines.config import load_params, load_profile, require, run_stage, tvm_target
 from pipelines.ir import load_ir
+from pipelines.step import save_step
 from stages.benchmark.__main__ import case_spec, run_isolated
 from stages.optimize.passes import memory_plan, optimize
 from stages.prune.prune import sparse_step
@@ -34,8 +33,7 @@ def compile_variant(full, signature: dict, selection: dict, reorder: bool, schem
     step, sig, _ = sparse_step(full, signature, selection)
     mod = optimize(step, sig, reorder)
     plan = memory_plan(mod, sig)
-    tvm.compile(mod, target=target).export_library(str(directory / "step.so"))
-    (directory / "signature.json").write_text(json.dumps(dict(sig, scheme=scheme)))
+    save_step(mod, dict(sig, scheme=scheme), target, directory)
     return plan
 
 

@@ -17,7 +17,8 @@ from tvm import relax
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.config import load_params, require, run_stage
-from pipelines.ir import count_ops, graph_cost, load_ir, op_cost, save_ir
+from pipelines.ir import (count_ops, dtype_of, graph_cost, load_ir, nbytes, op_cost, save_ir,
+                         shape_of)
 from stages.optimize.passes import update_outputs
 from stages.optimize.schedule import classify, saved_for_backward
 from stages.prune.prune import sparse_step
@@ -26,42 +27,39 @@ from stages.prune.scheme import select
 OUT = ARTIFACTS / "prune"
 AUTODIFF = ARTIFACTS / "autodiff"
 LAYERS = ARTIFACTS / "import" / "layers.json"
-FLOAT_BYTES = 4
 
 
-def step_cost(step, signature: dict, layers: dict) -> dict:
+def step_cost(step, signature: dict) -> dict:
     """What one training step computes and keeps: graph cost (ops, FLOPs, bytes produced),
     FLOPs of the backward pass and updates, the bytes of parameter gradients and optimizer
-    state, and the activations saved for backward."""
-    shapes = {p["name"]: p["shape"] for p in layers["parameters"]}
-    torch_names, channels = signature["torch_names"], signature.get("channels", {})
+    state (read off the step's own input types), and the activations saved for backward."""
+    inputs = dict(zip(signature["inputs"], step.params))
+    channels = signature.get("channels", {})
 
-    def elements(param):
-        shape = list(shapes[torch_names[param]])
+    def gradient(param) -> tuple[int, int]:  # (elements, bytes) of the gradient computed
+        shape = shape_of(inputs[param])
         if param in channels:
             shape[channels[param]["axis"]] = len(channels[param]["index"])
-        return math.prod(shape)
+        itemsize = tvm.runtime.DataType(dtype_of(inputs[param])).bits // 8
+        return math.prod(shape), math.prod(shape) * itemsize
 
-    state_elems = sum(math.prod(info["shape"]) if "shape" in info
-                      else elements(info["param"]) if info["param"] else 1
-                      for info in signature["optimizer_state"].values())
-    kinds = classify(step, update_outputs(signature))
+    updates = update_outputs(signature)
+    kinds = classify(step, updates)
     backward = sum(op_cost(b.value)[0] for b in step.body.blocks[0].bindings
                    if kinds[b.var] != "forward" and isinstance(b.value, relax.Call)
                    and isinstance(b.value.op, tvm.ir.Op))
     return {
         **graph_cost(step),
         "backward_flops": backward,
-        "trainable_elements": sum(elements(p) for p in signature["trainable"]),
-        "param_grad_bytes": FLOAT_BYTES * sum(elements(p) for p in signature["trainable"]),
-        "optimizer_state_bytes": FLOAT_BYTES * state_elems,
-        "saved_activation_bytes": saved_for_backward(step, update_outputs(signature)),
+        "trainable_elements": sum(gradient(p)[0] for p in signature["trainable"]),
+        "param_grad_bytes": sum(gradient(p)[1] for p in signature["trainable"]),
+        "optimizer_state_bytes": sum(nbytes(inputs[n]) for n in signature["optimizer_state"]),
+        "saved_activation_bytes": saved_for_backward(step, updates),
     }
 
 
-def report(full, full_signature: dict, pruned, signature: dict, layers: dict,
-           gradient_slicing: dict) -> dict:
-    before, after = step_cost(full, full_signature, layers), step_cost(pruned, signature, layers)
+def report(full, full_signature: dict, pruned, signature: dict, gradient_slicing: dict) -> dict:
+    before, after = step_cost(full, full_signature), step_cost(pruned, signature)
     return {
         "scheme": signature["scheme"],
         "trainable_parameters": len(signature["trainable"]),
@@ -87,7 +85,7 @@ def prune_scheme(scheme: dict, layers: dict, full, signature: dict) -> tuple:
     new_signature["scheme"] = scheme["name"]
     params = signature["inputs"][2:2 + signature["num_params"]]
     summary = report(full, dict(signature, trainable=params, channels={}), pruned,
-                     new_signature, layers, slicing)
+                     new_signature, slicing)
     return pruned, new_signature, summary
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import tvm
 import yaml
 
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
@@ -25,7 +24,7 @@ from pipelines.config import (CONF, ConfigError, load_params, load_profile, requ
                               tvm_target)
 from pipelines.ir import load_ir
 from pipelines.models import build_model
-from pipelines.step import CompiledStep, load_initial
+from pipelines.step import CompiledStep, load_initial, save_step
 from pipelines.torch_ref import accuracy, batches
 from stages.benchmark.__main__ import case_spec, run_isolated
 from stages.optimize.passes import optimize
@@ -74,17 +73,14 @@ def main() -> None:
     signature = json.loads((AUTODIFF / "signature.json").read_text())
     full = load_ir(AUTODIFF / "train_step.json")["train_step"]
     reorder = bool(require(params, "optimize.reorder_updates"))
-    rows = {}
+    rows, spec = {}, case_spec(params, profile, {})
     scratch = Path(tempfile.mkdtemp(prefix="pock-schemes-"))
     try:
         for scheme in schemes:
             step, sig, summary = prune_scheme(scheme, layers, full, signature)
             directory = scratch / scheme["name"]
             directory.mkdir()
-            tvm.compile(optimize(step, sig, reorder), target=tvm_target(profile)) \
-                .export_library(str(directory / "step.so"))
-            (directory / "signature.json").write_text(json.dumps(sig))
-            spec = case_spec(params, profile, {})
+            save_step(optimize(step, sig, reorder), sig, tvm_target(profile), directory)
             timing = run_isolated("compiled", dict(spec, build_dir=str(directory)))
             tuned = finetune(directory, params)
             pruned, whole = summary["pruned"], summary["full"]
@@ -101,7 +97,7 @@ def main() -> None:
                   f"{rows[scheme['name']]['backward_flops_vs_full']:.3f} of full", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    torch_full = run_isolated("torch_eager_full", case_spec(params, profile, {}))["median_ms"]
+    torch_full = run_isolated("torch_eager_full", spec)["median_ms"]
     full_ms = rows["full"]["median_ms"] if "full" in rows else None
     for row in rows.values():
         row["speedup_vs_torch_eager_full"] = torch_full / row["median_ms"]

@@ -46,8 +46,7 @@ def candidates(cfg: dict, layers: dict) -> list[dict]:
     rule = {"name": "search candidates", "kinds": kinds, "update": "weight"}
     if cfg.get("blocks"):
         rule["blocks"] = dict(cfg["blocks"])
-    modules = [layers_name.removesuffix(".weight")
-               for layers_name, _ in rule_matches(rule, layers, 0)]
+    modules = [param.removesuffix(".weight") for param, _ in rule_matches(rule, layers, 0)]
     return [{"module": m, "ratio": r} for m in modules for r in sorted(ratios)]
 
 
