@@ -76,19 +76,29 @@ def load_profile(name: str) -> dict:
     return profile
 
 
-def check_memory_budget(plan: dict, profile: dict) -> None:
-    """The step's planned peak must fit the profile's budget (memory_budget_mb, else all of
-    memory_mb): over it, name the overshoot and the knobs that shrink the step."""
+def check_memory_budget(plan: dict, profile: dict) -> bool:
+    """Whether the step must recompute activations to fit the profile's budget
+    (memory_budget_mb, else all of memory_mb). ``plan`` is the optimize stage's plan.json: the
+    step as optimized, and under ``recompute`` the plan of its recomputing twin (written when
+    optimize.recompute is auto). Over budget either way: name the overshoot and the knobs."""
     key = "memory_budget_mb" if profile.get("memory_budget_mb") else "memory_mb"
     budget = float(profile[key]) * 2**20
     peak = plan["planned_peak_bytes"]
-    if peak > budget:
-        raise ConfigError(
-            f"{PROFILES.name}/{profile['name']}.yaml: the training step's planned peak is "
-            f"{peak / 2**20:.2f} MiB, over {key}={profile[key]} by {(peak - budget) / 2**20:.2f}"
-            " MiB (artifacts/optimize/plan.json has the breakdown). Shrink the step: a smaller "
-            "model.batch_size or a sparser scheme (sparse=bias_only or sparse=last_k); or raise "
-            f"{key} if the device has the memory")
+    if peak <= budget:
+        return False
+    twin = plan.get("recompute")
+    if twin and twin["planned_peak_bytes"] <= budget:
+        return True
+    tried = (f"; recomputing cheap activations brings it to "
+             f"{twin['planned_peak_bytes'] / 2**20:.2f} MiB, still over" if twin else
+             "" if plan.get("recomputed") else
+             "; optimize.recompute=auto would try recomputing cheap activations")
+    raise ConfigError(
+        f"{PROFILES.name}/{profile['name']}.yaml: the training step's planned peak is "
+        f"{peak / 2**20:.2f} MiB, over {key}={profile[key]} by {(peak - budget) / 2**20:.2f}"
+        f" MiB{tried} (artifacts/optimize/plan.json has the breakdown). Shrink the step: a "
+        "smaller model.batch_size or a sparser scheme (sparse=bias_only or sparse=last_k); or "
+        f"raise {key} if the device has the memory")
 
 
 def tvm_target(profile: dict):

@@ -2,6 +2,7 @@
 every artifact appears, a second `dvc repro` runs nothing, rebuilding the IR stages in fresh
 processes gives byte-identical outputs, and changing one parameter reruns only the stages that
 depend on it."""
+import json
 import re
 import shutil
 import subprocess
@@ -62,23 +63,34 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     assert ran_stages(forced) == set(ir_stages)
     assert "up to date" in run(["dvc", "status"], repo)
 
-    # A device whose memory budget the step does not fit: build refuses, naming the overshoot,
-    # and the earlier build stays.
-    library = (repo / "artifacts/build/host/step.so").read_bytes()
-    profile = repo / "device_profiles/host.yaml"
-    original = profile.read_text()
-    profile.write_text(original + "memory_budget_mb: 1\n")
-    refused = subprocess.run(["dvc", "repro", "build@host"], cwd=repo, capture_output=True,
-                             text=True)
-    assert refused.returncode != 0
-    assert re.search(r"device_profiles/host.yaml: the training step's planned peak is "
-                     r"[\d.]+ MiB, over memory_budget_mb=1 by", refused.stderr + refused.stdout)
-    assert (repo / "artifacts/build/host/step.so").read_bytes() == library
-    profile.write_text(original)
-
     run(compose + SMALL[:1] + ["finetune.epochs=2"] + SMALL[2:], repo)
     status = run(["dvc", "status"], repo)
     # The schemes stage fine-tunes every scheme with the same epochs: it depends on them too.
     assert re.findall(r"^(\S+):$", status, flags=re.M) == ["finetune", "schemes"]
     third = run(["dvc", "repro"], repo)
     assert ran_stages(third) == {"finetune", "schemes", "report"}
+
+    # A device whose memory budget only the recomputing step fits: build takes it and says so.
+    plan = json.loads((repo / "artifacts/optimize/plan.json").read_text())
+    plain, recomputed = plan["planned_peak_bytes"], plan["recompute"]["planned_peak_bytes"]
+    assert recomputed < plain
+    profile = repo / "device_profiles/host.yaml"
+    original = profile.read_text()
+    profile.write_text(original + f"memory_budget_mb: {(plain + recomputed) / 2 / 2**20:.4f}\n")
+    assert "recomputing cheap activations" in run(["dvc", "repro", "build@host"], repo)
+    built = repo / "artifacts/build/host"
+    assert json.loads((built / "manifest.json").read_text())["params"]["recomputed"] is True
+    assert json.loads((built / "plan.json").read_text())["planned_peak_bytes"] == recomputed
+
+    # A budget nothing fits: build refuses, naming the overshoot and what recomputation
+    # reached, and the earlier build stays.
+    library = (built / "step.so").read_bytes()
+    profile.write_text(original + "memory_budget_mb: 1\n")
+    refused = subprocess.run(["dvc", "repro", "build@host"], cwd=repo, capture_output=True,
+                             text=True)
+    assert refused.returncode != 0
+    assert re.search(r"device_profiles/host.yaml: the training step's planned peak is "
+                     r"[\d.]+ MiB, over memory_budget_mb=1 by [\d.]+ MiB; recomputing cheap "
+                     r"activations brings it to [\d.]+ MiB, still over",
+                     refused.stderr + refused.stdout)
+    assert (built / "step.so").read_bytes() == library

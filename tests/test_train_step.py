@@ -123,10 +123,13 @@ def test_compiled_step_matches_pytorch(tmp_path, model_and_program, scheme):
         assert len(step.signature["trainable"]) == len(selected) < len(frozen)
 
 
-def test_reordered_updates_give_the_same_step(tmp_path, model_and_program):
-    """Operator reordering moves each update next to its gradient; the results must not move."""
-    from stages.optimize.passes import update_outputs
-    from stages.optimize.schedule import classify, reorder_updates
+def test_reordered_and_recomputing_steps_give_the_same_step(tmp_path, model_and_program):
+    """Operator reordering moves each update next to its gradient, and recomputation makes
+    cheap activations again in the backward pass instead of keeping them: the results must not
+    move, and recomputation must keep fewer activations."""
+    from stages.optimize.passes import memory_plan, update_outputs
+    from stages.optimize.recompute import recompute
+    from stages.optimize.schedule import classify, reorder_updates, saved_for_backward
 
     model, full, signature = model_and_program
     selected = select(MBV2_PAPER, describe_layers(model))
@@ -142,22 +145,28 @@ def test_reordered_updates_give_the_same_step(tmp_path, model_and_program):
                    and b.var.name.startswith("opt_"))
 
     assert first_update(reordered) < first_update(pruned)
+    recomputing, dropped = recompute(reordered, outputs)
+    assert dropped > 0
+    assert saved_for_backward(recomputing, outputs) < 0.7 * saved_for_backward(reordered, outputs)
     state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     initial = {r: state[t] for r, t in signature["torch_names"].items()}
     rng = np.random.default_rng(3)
     x = rng.standard_normal((8, 3, 32, 32)).astype("float32")
     y = rng.integers(0, 10, 8).astype("int64")
-    results = []
-    for name in ("plain", "reordered"):
+    results, peaks = [], []
+    for name in ("plain", "reordered", "recomputed"):
         out = tmp_path / name
         out.mkdir()
-        mod = optimize(pruned, sig, reorder=name == "reordered")
+        mod = optimize(pruned, sig, reorder=name != "plain", recomputed=name == "recomputed")
+        peaks.append(memory_plan(mod, sig)["planned_peak_bytes"])
         save_step(mod, dict(sig, scheme="mbv2_paper"), HOST, out)
         step = CompiledStep(out, initial)
         loss = step.step(x, y)
         results.append((loss, {n: v.numpy() for n, v in step.state.items()}))
-    (loss_a, state_a), (loss_b, state_b) = results
-    assert loss_a == pytest.approx(loss_b, rel=1e-6)
-    for name in state_a:
-        np.testing.assert_allclose(state_b[name], state_a[name], rtol=1e-6, atol=1e-7,
-                                   err_msg=name)
+    assert peaks[2] < peaks[1]
+    loss_a, state_a = results[0]
+    for loss_b, state_b in results[1:]:
+        assert loss_a == pytest.approx(loss_b, rel=1e-6)
+        for name in state_a:
+            np.testing.assert_allclose(state_b[name], state_a[name], rtol=1e-6, atol=1e-7,
+                                       err_msg=name)

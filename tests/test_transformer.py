@@ -1,5 +1,6 @@
 """The LLaMA-style decoder through the compiler: its gradient rules (rsqrt, strided_slice) in a
-whole training step, the paper's transformer scheme, and channel-sparse linear layers.
+whole training step, the paper's transformer scheme (with cheap activations recomputed), and
+channel-sparse linear layers.
 
 A small decoder (2 blocks, d=32, vocab 64, batch 2 x seq 16) on random tokens; three chained
 SGD-momentum steps compiled against PyTorch's. The network is smooth (no ReLU kinks), so the
@@ -17,7 +18,9 @@ from pipelines.config import CONF
 from pipelines.models import build_model
 from pipelines.step import CompiledStep, save_step
 from pipelines.torch_ref import make_optimizer, train_step
-from stages.optimize.passes import optimize
+from stages.optimize.passes import optimize, update_outputs
+from stages.optimize.recompute import recompute
+from stages.optimize.schedule import reorder_updates
 from stages.prune.prune import sparse_step
 from stages.prune.scheme import select
 from stages.prune.show import full_step
@@ -57,8 +60,13 @@ def test_compiled_decoder_step_matches_pytorch(tmp_path, step, scheme):
     assert all(how == "operands" for how in slicing.values()), slicing
     assert len(slicing) == (4 if scheme is CHANNELS else 0)
     sig = dict(sig, scheme=scheme["name"])
-    save_step(optimize(pruned, sig, reorder=True), sig, tvm.target.Target({"kind": "llvm"}),
-              tmp_path)
+    # The paper scheme's step recomputes its cheap activations (norms, rotary, SwiGLU's silu).
+    recomputing = scheme is TRANSFORMER_PAPER
+    if recomputing:
+        _, dropped = recompute(reorder_updates(pruned, update_outputs(sig)), update_outputs(sig))
+        assert dropped > 0
+    save_step(optimize(pruned, sig, reorder=True, recomputed=recomputing), sig,
+              tvm.target.Target({"kind": "llvm"}), tmp_path)
 
     torch.manual_seed(0)
     model = build_model(MODEL).train()

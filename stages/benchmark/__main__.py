@@ -52,9 +52,10 @@ def benchmark(device: str) -> dict:
     spec = case_spec(params, profile, selection_of(signature))
     spec["build_dir"] = str(build_dir)
     results = {case: run_isolated(case, spec) for case in CASES}
-    plan = json.loads((ARTIFACTS / "optimize" / "plan.json").read_text())
+    plan = json.loads((build_dir / "plan.json").read_text())
     compiled = results["compiled"]
     compiled["planned_peak_bytes"] = plan["planned_peak_bytes"]
+    compiled["recomputed"] = plan["recomputed"]
     compiled["images_per_s"] = spec["batch"] / compiled["median_ms"] * 1e3
     return {
         "device": device, "scheme": signature["scheme"], "model": model_cfg["name"],

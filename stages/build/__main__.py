@@ -2,8 +2,11 @@
 
 Usage: python -m stages.build <device>
 Outputs (artifacts/build/<device>/): step.so (load with tvm.runtime.load_module), signature.json
-(how to call it), manifest.json (input hashes, target, TVM version, toolchain).
-A step whose planned peak memory exceeds the profile's budget is refused before compiling.
+(how to call it), plan.json (the planned memory of the step built), manifest.json (input hashes,
+target, TVM version, toolchain, whether activations are recomputed).
+A step whose planned peak memory exceeds the profile's budget takes the optimize stage's
+recomputing twin when there is one that fits (optimize.recompute=auto), else is refused before
+compiling.
 """
 from __future__ import annotations
 
@@ -13,29 +16,31 @@ import sys
 
 import tvm
 
-from pipelines.artifacts import ARTIFACTS, atomic_dir, write_manifest
+from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.config import check_memory_budget, load_profile, run_stage, tvm_target
 from pipelines.ir import load_ir
 
-OPTIMIZED = ARTIFACTS / "optimize" / "train_step.json"
+OPTIMIZE = ARTIFACTS / "optimize"
 SIGNATURE = ARTIFACTS / "prune" / "signature.json"
-PLAN = ARTIFACTS / "optimize" / "plan.json"
 LIBRARY = "step.so"
 
 
 def build(device: str) -> None:
     profile = load_profile(device)
-    check_memory_budget(json.loads(PLAN.read_text()), profile)
+    plan = json.loads((OPTIMIZE / "plan.json").read_text())
+    recompute = check_memory_budget(plan, profile)
+    optimized = OPTIMIZE / ("train_step_recompute.json" if recompute else "train_step.json")
     target = tvm_target(profile)
-    mod = load_ir(OPTIMIZED)
-    executable = tvm.compile(mod, target=target)
+    executable = tvm.compile(load_ir(optimized), target=target)
     with atomic_dir(ARTIFACTS / "build" / device) as tmp:
         executable.export_library(str(tmp / LIBRARY))
         shutil.copyfile(SIGNATURE, tmp / "signature.json")
-        write_manifest(tmp, f"build@{device}", {"optimized": OPTIMIZED, "signature": SIGNATURE,
-                                                "plan": PLAN},
-                       {"profile": profile, "target": str(target)})
-    print(f"built {device}: {target}")
+        write_json_atomic(tmp / "plan.json", plan["recompute"] if recompute else plan)
+        write_manifest(tmp, f"build@{device}", {"optimized": optimized, "signature": SIGNATURE},
+                       {"profile": profile, "target": str(target),
+                        "recomputed": recompute or plan["recomputed"]})
+    print(f"built {device}: {target}" + (" (recomputing cheap activations to fit "
+                                         "its memory budget)" if recompute else ""))
 
 
 if __name__ == "__main__":

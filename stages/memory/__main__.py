@@ -1,5 +1,6 @@
-"""memory: peak memory of the training step, full and sparse, with and without update
-reordering, next to PyTorch eager measured the same way (host CPU).
+"""memory: peak memory of the training step, full and sparse: plain, with update reordering,
+and reordered with cheap activations recomputed; next to PyTorch eager measured the same way
+(host CPU).
 
 Each variant is pruned, (re)ordered, fused and compiled here, then run in a fresh process;
 its peak resident memory above that process's baseline is recorded beside TVM's static plan
@@ -28,10 +29,14 @@ LAYERS = ARTIFACTS / "import" / "layers.json"
 OUT = ARTIFACTS / "memory" / "metrics.json"
 
 
-def compile_variant(full, signature: dict, selection: dict, reorder: bool, scheme: str,
-                    target, directory: Path) -> dict:
+# (case suffix, reorder updates, recompute cheap activations)
+VARIANTS = [("plain", False, False), ("reordered", True, False), ("recomputed", True, True)]
+
+
+def compile_variant(full, signature: dict, selection: dict, reorder: bool, recomputed: bool,
+                    scheme: str, target, directory: Path) -> dict:
     step, sig, _ = sparse_step(full, signature, selection)
-    mod = optimize(step, sig, reorder)
+    mod = optimize(step, sig, reorder, recomputed)
     plan = memory_plan(mod, sig)
     save_step(mod, dict(sig, scheme=scheme), target, directory)
     return plan
@@ -51,11 +56,11 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="pock-memory-"))
     try:
         for name, selection in [("full", everything), (scheme["name"], selected)]:
-            for reorder in (False, True):
-                case = f"compiled_{name}_{'reordered' if reorder else 'plain'}"
+            for suffix, reorder, recomputed in VARIANTS:
+                case = f"compiled_{name}_{suffix}"
                 directory = scratch / case
                 directory.mkdir()
-                plan = compile_variant(full, signature, selection, reorder, name,
+                plan = compile_variant(full, signature, selection, reorder, recomputed, name,
                                        tvm_target(profile), directory)
                 run = run_isolated("compiled", dict(spec, build_dir=str(directory)))
                 results[case] = {"peak_rss_bytes": run["peak_rss_bytes"],

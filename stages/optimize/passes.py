@@ -5,6 +5,7 @@ import tvm
 from tvm import relax
 
 from pipelines.ir import nbytes
+from stages.optimize.recompute import recompute
 from stages.optimize.schedule import liveness, reorder_updates
 
 # Operator fusion works on legalized TIR: elementwise and broadcast work (the SGD update, batch
@@ -29,10 +30,14 @@ PLAN = [
 ]
 
 
-def optimize(step: relax.Function, signature: dict, reorder: bool) -> tvm.IRModule:
-    """The pruned step, its updates reordered when ``reorder``, fused, as a module."""
+def optimize(step: relax.Function, signature: dict, reorder: bool,
+             recomputed: bool = False) -> tvm.IRModule:
+    """The pruned step, its updates reordered when ``reorder``, its cheap activations
+    recomputed in the backward pass when ``recomputed``, fused, as a module."""
     if reorder:
         step = reorder_updates(step, update_outputs(signature))
+    if recomputed:
+        step, _ = recompute(step, update_outputs(signature))
     mod = tvm.IRModule({"train_step": step.with_attr("global_symbol", "train_step")})
     return tvm.transform.Sequential(FUSION)(mod)
 

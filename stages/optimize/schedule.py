@@ -9,8 +9,10 @@ soon as its update has consumed it. The order changes, the computation does not.
 Bindings are classified by structure, not by name:
 - update:   consumed only by the new value (and optimizer state) of one parameter: its weight
             gradient, the optimizer arithmetic and whatever feeds only them;
-- backward: depends on the labels ``y`` (everything after the loss) and is not an update;
-- forward:  the rest (the forward pass, batch-norm statistic updates).
+- forward:  what the loss or the new buffers (batch-norm running statistics) are computed from,
+            without the labels: the forward pass;
+- backward: the rest: everything after the loss, and work the backward pass does on its own
+            (e.g. recomputing an activation, stages/optimize/recompute.py).
 """
 from __future__ import annotations
 
@@ -68,11 +70,16 @@ def classify(func: relax.Function, update_outputs: dict[int, str]) -> dict[relax
         for c in consumers[b.var]:
             mine |= feeds[c]
     after_loss = _needs_labels(func, deps)
+    # The forward pass: the loss's and the new buffers' ancestors (outputs that are no update).
+    forward = {v for i, v in enumerate(outputs) if i not in update_outputs}
+    for b in reversed(bindings):
+        if b.var in forward:
+            forward |= set(deps[b.var])
 
     def kind(v):
         if len(feeds[v]) == 1 and None not in feeds[v]:
             return "update"
-        return "backward" if v in after_loss else "forward"
+        return "forward" if v in forward and v not in after_loss else "backward"
 
     return {b.var: kind(b.var) for b in bindings}
 

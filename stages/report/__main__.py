@@ -44,7 +44,11 @@ def render(params: dict) -> str:
         f"Planned peak of the compiled step (TVM's static memory plan, update reordering "
         f"{'on' if plan['reorder_updates'] else 'off'}): {_mib(plan['planned_peak_bytes'])}"
         f" = inputs {_mib(plan['inputs_bytes'])} + planned intermediates "
-        f"{_mib(plan['planned_storage_bytes'])} + outputs {_mib(plan['outputs_bytes'])}.",
+        f"{_mib(plan['planned_storage_bytes'])} + outputs {_mib(plan['outputs_bytes'])}"
+        + (" (cheap activations recomputed)." if plan["recomputed"] else ".")
+        + (f" Recomputing cheap activations instead (optimize.recompute=auto, taken by a "
+           f"device whose budget needs it): {_mib(plan['recompute']['planned_peak_bytes'])}."
+           if plan.get("recompute") else ""),
         "",
         "| inputs: weights | BN buffers | optimizer state | batch | alive at the liveness peak: "
         "activations for backward | backward workspace | gradients and updates | new values |",
@@ -53,18 +57,24 @@ def render(params: dict) -> str:
                          ("weights", "buffers", "optimizer_state", "batch")) + " | "
         + " | ".join(_mib(v) for v in plan["liveness"]["at_peak"].values()) + " |",
         "",
-        "## Peak memory: full and sparse, with and without update reordering (host)",
+        "## Peak memory: full and sparse; plain, updates reordered, cheap activations "
+        "recomputed (host)",
         "",
         "Each case in a fresh process, peak resident memory above its baseline "
-        "(`artifacts/memory/metrics.json`).",
+        "(`artifacts/memory/metrics.json`). Kept for backward: the forward activations alive "
+        "at the step's liveness peak.",
         "",
-        "| case | peak RSS above baseline | planned peak (TVM) |",
-        "|---|---|---|",
+        "| case | peak RSS above baseline | planned peak (TVM) | kept for backward | median ms |",
+        "|---|---|---|---|---|",
     ]
     for case, row in memory.items():
         if isinstance(row, dict):
-            planned = _mib(row["plan"]["planned_peak_bytes"]) if "plan" in row else ""
-            lines.append(f"| {case} | {_mib(row['peak_rss_bytes'])} | {planned} |")
+            planned = kept = ""
+            if "plan" in row:
+                planned = _mib(row["plan"]["planned_peak_bytes"])
+                kept = _mib(row["plan"]["liveness"]["at_peak"]["activations_for_backward"])
+            lines.append(f"| {case} | {_mib(row['peak_rss_bytes'])} | {planned} | {kept} | "
+                         f"{row['median_ms']:.2f} |")
     ratio = memory["sparse_compiled_vs_torch_full_peak"]
     lines += [
         "",

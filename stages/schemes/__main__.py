@@ -73,6 +73,7 @@ def main() -> None:
     signature = json.loads((AUTODIFF / "signature.json").read_text())
     full = load_ir(AUTODIFF / "train_step.json")["train_step"]
     reorder = bool(require(params, "optimize.reorder_updates"))
+    recomputed = require(params, "optimize.recompute") == "always"
     rows, spec = {}, case_spec(params, profile, {})
     scratch = Path(tempfile.mkdtemp(prefix="pock-schemes-"))
     try:
@@ -80,7 +81,7 @@ def main() -> None:
             step, sig, summary = prune_scheme(scheme, layers, full, signature)
             directory = scratch / scheme["name"]
             directory.mkdir()
-            save_step(optimize(step, sig, reorder), sig, tvm_target(profile), directory)
+            save_step(optimize(step, sig, reorder, recomputed), sig, tvm_target(profile), directory)
             timing = run_isolated("compiled", dict(spec, build_dir=str(directory)))
             tuned = finetune(directory, params)
             pruned, whole = summary["pruned"], summary["full"]
