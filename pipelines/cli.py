@@ -1,7 +1,9 @@
-"""The `pock` command line.
+"""The `pock` command line: compose the configuration, run the pipeline's phases through DVC,
+inspect schemes, gate on regressions.
 
-Exit codes: 0 success; 1 a check failed (stale params.yaml); 2 bad input (config, scheme,
-device) with a message naming the file and key.
+Exit codes: 0 success; 1 a check failed (stale params.yaml, a metric regressed beyond its
+tolerance); 2 bad input (config, scheme, device, baseline) with a message naming the file and
+key; 3 a pipeline stage failed (DVC's output above says which and why).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import sys
 
 from pipelines.config import ConfigError
 
-EXIT_OK, EXIT_CHECK, EXIT_INPUT = 0, 1, 2
+EXIT_OK, EXIT_CHECK, EXIT_INPUT, EXIT_STAGE = 0, 1, 2, 3
 
 
 def cmd_compose(args) -> int:
@@ -67,6 +69,93 @@ def cmd_scheme_search(args) -> int:
     return EXIT_OK
 
 
+def _configured_devices() -> list[str]:
+    from pipelines.config import load_params, require
+
+    return list(require(load_params(), "devices"))
+
+
+def _devices(requested: list[str]) -> list[str]:
+    """The devices to act on: those asked for (each must be configured), else all configured."""
+    from pipelines.config import PARAMS, load_profile
+
+    configured = _configured_devices()
+    for device in requested:
+        load_profile(device)  # an unknown name lists the profiles
+        if device not in configured:
+            raise ConfigError(f"{PARAMS}: devices={configured} does not include {device!r}; "
+                              f"add it: pock compose 'devices=[{','.join(configured + [device])}]'")
+    return requested or configured
+
+
+def _repro(targets: list[str]) -> int:
+    return EXIT_OK if subprocess.call(["dvc", "repro", *targets]) == 0 else EXIT_STAGE
+
+
+def cmd_build(args) -> int:
+    """Compile the training step for devices (dvc repro build@<device>: cached when nothing
+    changed)."""
+    return _repro([f"build@{d}" for d in _devices(args.devices)])
+
+
+def cmd_bench(args) -> int:
+    """Benchmark the compiled step against PyTorch on devices, then print the ratios."""
+    import json
+
+    from pipelines.artifacts import ARTIFACTS
+
+    devices = _devices(args.devices)
+    code = _repro([f"benchmark@{d}" for d in devices])
+    if code:
+        return code
+    for device in devices:
+        bench = json.loads((ARTIFACTS / "benchmark" / f"{device}.json").read_text())
+        print(f"{device} ({bench['model']}, {bench['scheme']}): compiled "
+              f"{bench['compiled']['median_ms']:.2f} ms/step; "
+              f"{bench['speedup_vs_torch_eager_full']:.2f}x PyTorch eager full BP, "
+              f"{bench['speedup_vs_torch_eager_frozen']:.2f}x eager with the same layers frozen")
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    """Bring every stage up to date and write artifacts/report.md (and its plots)."""
+    code = _repro(["report"])
+    if code == EXIT_OK:
+        print("report: artifacts/report.md (plots: artifacts/plots/*.svg; interactive: "
+              "`dvc plots show`)")
+    return code
+
+
+def _gate_inputs(args) -> tuple[list, str, None]:
+    """(rules, baseline revision, repository directory: None for this one)."""
+    from pipelines.config import load_params, require
+    from pipelines.regress import check_rules
+
+    params = load_params()
+    return (check_rules(require(params, "regress.rules")),
+            args.baseline or require(params, "regress.baseline"), None)
+
+
+def cmd_regress(args) -> int:
+    """Current metrics against the baseline revision's, with the tolerances of regress.rules."""
+    from pipelines.regress import gate, metrics_diff, render
+
+    rules, baseline, repo = _gate_inputs(args)
+    verdicts = gate(metrics_diff(baseline, cwd=repo), rules)
+    if not any(v["baseline"] is not None for v in verdicts):
+        raise ConfigError(f"baseline {baseline!r} holds none of the metrics regress.rules name; "
+                          "commit metrics files (`dvc repro`, then `git add artifacts`) or pass "
+                          "--baseline REV")
+    print(render(verdicts, baseline))
+    failed = [v for v in verdicts if v["verdict"] in ("regressed", "missing")]
+    for v in failed:
+        print(f"REGRESSED: {v['metric']}: {v['verdict']} (baseline {v['baseline']}, current "
+              f"{v['current']}, allowed {v['allowed']})", file=sys.stderr)
+    print(f"{len(verdicts)} metrics gated against {baseline}: "
+          f"{len(failed)} regressed beyond tolerance")
+    return EXIT_CHECK if failed else EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pock", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,6 +182,22 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: search.budget_mb)")
     q.add_argument("--name", default=None, help="scheme name (default: search.name)")
     q.set_defaults(func=cmd_scheme_search)
+    p = sub.add_parser("build", help="compile the training step per device (dvc repro "
+                                     "build@<device>)")
+    p.add_argument("devices", nargs="*", help="device profiles (default: params.yaml devices)")
+    p.set_defaults(func=cmd_build)
+    p = sub.add_parser("bench", help="benchmark compiled vs PyTorch per device (dvc repro "
+                                     "benchmark@<device>) and print the ratios")
+    p.add_argument("devices", nargs="*", help="device profiles (default: params.yaml devices)")
+    p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("report", help="run what is stale and write artifacts/report.md")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("regress", help="gate: metrics against a committed baseline (dvc metrics "
+                                       "diff), tolerances from regress.rules; exit 1 naming "
+                                       "each metric that regressed")
+    p.add_argument("--baseline", default=None,
+                   help="git revision holding the baseline metrics (default: regress.baseline)")
+    p.set_defaults(func=cmd_regress)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

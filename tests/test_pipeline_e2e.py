@@ -50,7 +50,7 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
                  "optimize/plan.json", "build/host/step.so", "build/host/manifest.json",
                  "benchmark/host.json", "finetune/metrics.json", "finetune/loss.json",
                  "search/scheme.yaml", "search/contributions.json", "schemes/metrics.json",
-                 "report.md"]:
+                 "report.md", "plots/latency.svg", "plots/memory.json", "plots/finetune.svg"]:
         assert (repo / "artifacts" / path).is_file(), path
 
     second = run(["dvc", "repro"], repo)

@@ -14,6 +14,7 @@ import sys
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
 from pipelines.config import ConfigError, load_params, load_profile, require, run_stage
 from pipelines.step import selection_of
+from pipelines.progress import progress
 from stages.benchmark.cases import run_case
 
 CASES = ["compiled", "torch_eager_full", "torch_eager_frozen"]
@@ -51,7 +52,7 @@ def benchmark(device: str) -> dict:
     model_cfg = require(params, "model")
     spec = case_spec(params, profile, selection_of(signature))
     spec["build_dir"] = str(build_dir)
-    results = {case: run_isolated(case, spec) for case in CASES}
+    results = {case: run_isolated(case, spec) for case in progress(CASES, f"benchmark {device}")}
     plan = json.loads((build_dir / "plan.json").read_text())
     compiled = results["compiled"]
     compiled["planned_peak_bytes"] = plan["planned_peak_bytes"]

@@ -20,6 +20,7 @@ from pipelines.config import ConfigError, load_params, require, run_stage
 from pipelines.models import build_model
 from pipelines.step import CompiledStep, load_initial, selection_of
 from pipelines.torch_ref import accuracy, batches, make_optimizer, seed_everything, train_step
+from pipelines.progress import progress
 
 OUT = ARTIFACTS / "finetune"
 BUILD = ARTIFACTS / "build" / "host"
@@ -54,7 +55,8 @@ def main() -> None:
     losses, accuracies, step = [], [{"epoch": 0, "compiled": start, "pytorch": start}], 0
     for epoch in range(epochs):
         first = len(losses)
-        for index in batches(len(x), batch, seed, epoch):
+        for index in progress(list(batches(len(x), batch, seed, epoch)),
+                              f"fine-tuning epoch {epoch + 1}/{epochs}"):
             loss_c = compiled.step(x[index], y[index])
             loss_t = train_step(reference, optimizer, torch.from_numpy(x[index]),
                                 torch.from_numpy(y[index]))

@@ -68,8 +68,9 @@ def recomputable(func: relax.Function, update_outputs: dict[int, str]) -> dict[r
     bindings = func.body.blocks[0].bindings
     kinds = classify(func, update_outputs)
     defined = {b.var for b in bindings}
+    # What the plain step keeps for its backward pass: forward values later bindings read.
     kept = {v for b in bindings if kinds[b.var] != "forward" for v in _vars_in(b.value)
-            if v in defined and kinds.get(v) == "forward"}
+            if v in defined and kinds[v] == "forward"}
     chain: dict[relax.Var, int] = {}
     for b in bindings:
         if kinds[b.var] != "forward":
@@ -83,7 +84,7 @@ def recomputable(func: relax.Function, update_outputs: dict[int, str]) -> dict[r
             continue
         operands = [v for v in _vars_in(value) if v in defined]
         # Each operand must be there at backward time: kept anyway, or recomputable itself.
-        if all(v in chain or (v in kept and kinds[v] == "forward") for v in operands):
+        if all(v in chain or v in kept for v in operands):
             length = cost + max((chain.get(v, 0) for v in operands), default=0)
             if length <= MAX_CHAIN:
                 chain[b.var] = length

@@ -1,6 +1,7 @@
-"""report: one markdown table of every metric, per device, next to PyTorch.
+"""report: every metric in markdown tables, per device, next to PyTorch, with plots.
 
-Output: artifacts/report.md
+Outputs: artifacts/report.md, artifacts/plots/ (plot data for `dvc plots show` and the SVGs the
+report embeds: stages/report/plots.py).
 """
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import json
 
 from pipelines.artifacts import ARTIFACTS, write_text_atomic
 from pipelines.config import load_params, require, run_stage
+from stages.report.plots import write_plots
+
+PLOTS = ARTIFACTS / "plots"
 
 
 def _mib(n: float) -> str:
@@ -28,6 +32,8 @@ def render(params: dict) -> str:
         f"`{prune['scheme']}`",
         "",
         "## Step latency and memory (compiled vs PyTorch, same machine, same run)",
+        "",
+        "![step latency per device and scheme](plots/latency.svg)",
         "",
         "| device | case | median ms | p90 ms | peak RSS above baseline | speedup of compiled |",
         "|---|---|---|---|---|---|",
@@ -101,6 +107,8 @@ def render(params: dict) -> str:
     lines += [
         "## Schemes side by side (host, compiled step)",
         "",
+        "![training memory per scheme](plots/memory.svg)",
+        "",
         f"PyTorch eager full BP in the same run: {schemes['torch_eager_full_ms']:.2f} ms/step "
         "(`artifacts/schemes/metrics.json`). Backward = backward pass plus updates.",
         "",
@@ -136,6 +144,8 @@ def render(params: dict) -> str:
         "",
         f"Task: {tune['task']} ({tune['steps']} steps).",
         "",
+        "![fine-tuning loss and accuracy, compiled vs PyTorch](plots/finetune.svg)",
+        "",
         "| | accuracy | final-epoch loss |",
         "|---|---|---|",
         f"| before fine-tuning | {tune['accuracy_before']:.3f} | |",
@@ -149,7 +159,15 @@ def render(params: dict) -> str:
 
 
 def main() -> None:
-    text = render(load_params())
+    params = load_params()
+    text = render(params)
+    write_plots(
+        PLOTS,
+        {d: json.loads((ARTIFACTS / "benchmark" / f"{d}.json").read_text())
+         for d in require(params, "devices")},
+        json.loads((ARTIFACTS / "schemes" / "metrics.json").read_text()),
+        json.loads((ARTIFACTS / "finetune" / "loss.json").read_text()),
+        json.loads((ARTIFACTS / "finetune" / "accuracy.json").read_text()))
     write_text_atomic(ARTIFACTS / "report.md", text)
     print(text)
 

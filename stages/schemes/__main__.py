@@ -22,10 +22,11 @@ import yaml
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
 from pipelines.config import (CONF, ConfigError, load_params, load_profile, require, run_stage,
                               tvm_target)
-from pipelines.ir import load_ir
+from pipelines.ir import load_ir, nbytes
 from pipelines.models import build_model
 from pipelines.step import CompiledStep, load_initial, save_step
 from pipelines.torch_ref import accuracy, batches
+from pipelines.progress import progress
 from stages.benchmark.__main__ import case_spec, run_isolated
 from stages.optimize.passes import optimize
 from stages.prune.__main__ import prune_scheme
@@ -77,7 +78,7 @@ def main() -> None:
     rows, spec = {}, case_spec(params, profile, {})
     scratch = Path(tempfile.mkdtemp(prefix="pock-schemes-"))
     try:
-        for scheme in schemes:
+        for scheme in progress(schemes, "schemes"):
             step, sig, summary = prune_scheme(scheme, layers, full, signature)
             directory = scratch / scheme["name"]
             directory.mkdir()
@@ -85,8 +86,15 @@ def main() -> None:
             timing = run_isolated("compiled", dict(spec, build_dir=str(directory)))
             tuned = finetune(directory, params)
             pruned, whole = summary["pruned"], summary["full"]
+            weights = sig["inputs"][2:2 + sig["num_params"]]
             rows[scheme["name"]] = {
                 "median_ms": timing["median_ms"], **tuned,
+                # What the step holds beyond its batch (the report's memory plot).
+                "memory": {"weights_bytes": sum(nbytes(p) for n, p in zip(sig["inputs"],
+                                                                          step.params)
+                                                if n in weights),
+                           **{k: pruned[k] for k in ("optimizer_state_bytes", "param_grad_bytes",
+                                                     "saved_activation_bytes")}},
                 "trainable_elements": pruned["trainable_elements"],
                 "channel_sparse_parameters": len(summary["channel_sparse"]),
                 **{f"{key}_vs_full": pruned[key] / whole[key] if whole[key] else None

@@ -24,6 +24,7 @@ import torch
 from pipelines.config import ConfigError
 from pipelines.models import build_model
 from pipelines.torch_ref import batches, make_optimizer, seed_everything, train_step
+from pipelines.progress import progress
 from stages.prune.__main__ import prune_scheme
 from stages.prune.scheme import KINDS, rule_matches, select
 
@@ -112,7 +113,7 @@ def search(cfg: dict, budget_mb: float, probe: Probe, layers: dict, full, signat
                           f"need ({base_cost / 2**20:.3f} MiB)")
     base_loss, base_held_out = probe.loss_after(base)
     rows = []
-    for i, candidate in enumerate(candidates(cfg, layers)):
+    for i, candidate in enumerate(progress(candidates(cfg, layers), "search candidates")):
         scheme = {"name": name, "rules": base_rules + [candidate_rule(candidate)]}
         summary = prune_scheme(scheme, layers, full, signature)[2]
         loss, held_out = probe.loss_after(scheme)
