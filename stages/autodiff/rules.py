@@ -1,16 +1,19 @@
 """Gradient rules that TVM 0.27's Relax lacks and the reference models need (MobileNetV2:
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
-embeddings).
+embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
 Rules are registered once, on import; a rule TVM later ships itself is left in place.
 """
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import relax
-from tvm.relax.op import (add, divide, greater, less, logical_and, mean, multiply, reshape, sqrt,
-                          subtract, sum as rsum, variance, where, zeros_like)
+from tvm.relax.op import (add, collapse_sum_to, divide, erf, exp, greater, less, logical_and,
+                          mean, multiply, reshape, sqrt, subtract, sum as rsum, tanh, variance,
+                          where, zeros_like)
 from tvm.relax.op.base import register_gradient
 from tvm.relax.op.nn import pad as pad_zeros
 from tvm.relax.op._op_gradient import no_grad
@@ -98,11 +101,76 @@ def strided_slice_grad(orig_var, orig_call, output_grad, ctx):
         no_grad(arg) for arg in orig_call.args[1:]]
 
 
+def erf_grad(orig_var, orig_call, output_grad, ctx):
+    """y = erf(x): dx = 2 / sqrt(pi) * exp(-x^2) * dy."""
+    x = orig_call.args[0]
+    dtype = dtype_of(x)
+    density = exp(multiply(relax.const(-1.0, dtype), multiply(x, x)))
+    return [multiply(output_grad, multiply(relax.const(2 / math.sqrt(math.pi), dtype), density))]
+
+
+def gelu_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x * Phi(x), Phi the standard normal CDF: dx = (Phi(x) + x * phi(x)) * dy."""
+    x = orig_call.args[0]
+    dtype = dtype_of(x)
+    cdf = multiply(relax.const(0.5, dtype), add(relax.const(1.0, dtype),
+                                                erf(multiply(x, relax.const(math.sqrt(0.5),
+                                                                            dtype)))))
+    pdf = multiply(relax.const(1 / math.sqrt(2 * math.pi), dtype),
+                   exp(multiply(relax.const(-0.5, dtype), multiply(x, x))))
+    return [multiply(output_grad, add(cdf, multiply(x, pdf)))]
+
+
+def gelu_tanh_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x/2 * (1 + tanh(u)), u = sqrt(2/pi) * (x + 0.044715 x^3):
+    dx = (1/2 * (1 + t) + x/2 * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)) * dy."""
+    x = orig_call.args[0]
+    dtype = dtype_of(x)
+
+    def c(v):
+        return relax.const(v, dtype)
+
+    x2 = multiply(x, x)
+    t = tanh(multiply(c(math.sqrt(2 / math.pi)), add(x, multiply(c(0.044715), multiply(x2, x)))))
+    du = multiply(c(math.sqrt(2 / math.pi)), add(c(1.0), multiply(c(3 * 0.044715), x2)))
+    dx = add(multiply(c(0.5), add(c(1.0), t)),
+             multiply(multiply(c(0.5), x), multiply(subtract(c(1.0), multiply(t, t)), du)))
+    return [multiply(output_grad, dx)]
+
+
+def layer_norm_grad(orig_var, orig_call, output_grad, ctx):
+    """y = xhat * gamma + beta, xhat = (x - mean) * rstd over ``axes``:
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma (means over ``axes``),
+    dgamma = sum(dy * xhat), dbeta = sum(dy) over the other axes: the fused form, with no
+    decomposed mean/variance graph to differentiate."""
+    x, gamma, beta = orig_call.args
+    attrs = orig_call.attrs
+    dims = shape_of(x)
+    axes = [int(a) % len(dims) for a in attrs.axes]
+    dtype = dtype_of(x)
+    mu = mean(x, axes, keepdims=True)
+    rstd = divide(relax.const(1.0, dtype),
+                  sqrt(add(variance(x, axes, keepdims=True),
+                           relax.const(float(attrs.epsilon), dtype))))
+    xhat = multiply(subtract(x, mu), rstd)
+    g = multiply(output_grad, gamma) if attrs.scale else output_grad
+    dx = multiply(rstd, subtract(subtract(g, mean(g, axes, keepdims=True)),
+                                 multiply(xhat, mean(multiply(g, xhat), axes, keepdims=True))))
+    dgamma = (collapse_sum_to(multiply(output_grad, xhat), gamma.ty.shape) if attrs.scale
+              else no_grad(gamma))
+    dbeta = collapse_sum_to(output_grad, beta.ty.shape) if attrs.center else no_grad(beta)
+    return [dx, dgamma, dbeta]
+
+
 RULES = {
     "relax.clip": clip_grad,
     "relax.nn.batch_norm": batch_norm_grad,
     "relax.rsqrt": rsqrt_grad,
     "relax.strided_slice": strided_slice_grad,
+    "relax.erf": erf_grad,
+    "relax.nn.gelu": gelu_grad,
+    "relax.nn.gelu_tanh": gelu_tanh_grad,
+    "relax.nn.layer_norm": layer_norm_grad,
 }
 
 

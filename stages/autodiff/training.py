@@ -12,18 +12,50 @@ removes what a sparse scheme does not update.
 """
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import relax
 from tvm.relax.training import AppendLoss
 from tvm.relax.training.loss import CrossEntropyLoss
 
-from pipelines.ir import tensor_type
+from pipelines.ir import dtype_of, shape_of, tensor_type
 from stages.autodiff import rules
 from stages.autodiff.optimizers import UPDATE_PREFIX
 
 
 class MissingGradientRule(Exception):
     pass
+
+
+def flatten_take_indices(func: relax.Function) -> relax.Function:
+    """Each ``take`` with indices that are not 1-D (an embedding lookup of a (batch, seq) token
+    grid, or one row by a scalar index) as a reshape to 1-D indices, the take, and a reshape
+    back: TVM's take gradient (take_backward) handles 1-D indices only. Same values."""
+    builder = relax.BlockBuilder()
+    blocks = []
+    for block in func.body.blocks:
+        bindings = []
+        for b in block.bindings:
+            value = b.value
+            if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                    and value.op.name == "relax.take" and len(shape_of(value.args[1])) != 1):
+                data, indices = value.args
+                count = math.prod(shape_of(indices))
+                flat = relax.DataflowVar(f"{b.var.name}_indices",
+                                         tensor_type([count], dtype_of(indices)))
+                bindings.append(relax.VarBinding(flat, builder.normalize(
+                    relax.op.reshape(indices, [count]))))
+                rows = builder.normalize(relax.op.take(data, flat, axis=int(value.attrs.axis),
+                                                       mode=str(value.attrs.mode)))
+                taken = relax.DataflowVar(f"{b.var.name}_rows", rows.ty)
+                bindings.append(relax.VarBinding(taken, rows))
+                value = builder.normalize(relax.op.reshape(taken, shape_of(b.var)))
+            bindings.append(relax.VarBinding(b.var, value))
+        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(bindings))
+    body = relax.SeqExpr(blocks, func.body.body)
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
 
 
 def build_train_step(main: relax.Function, num_params: int, optimizer,
@@ -33,6 +65,7 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
     ``optimizer`` is one of stages/autodiff/optimizers.py. ``origins`` maps binding names to the
     PyTorch module they came from (for error messages). Returns the function and its signature:
     input and output names in order, and what each optimizer-state input holds."""
+    main = flatten_take_indices(main)
     missing = rules.ops_without_gradient(main)
     if missing:
         op, var = missing[0]
