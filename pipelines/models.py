@@ -1,5 +1,6 @@
 """Reference models, defined in the project (there is no CPU torchvision to borrow from):
-MobileNetV2 (vision) and a LLaMA-architecture decoder (language).
+MobileNetV2 (vision), a LLaMA-architecture decoder and MiniLM, a BERT encoder with real
+pretrained weights (language).
 
 Every room that runs the PyTorch side (pretrain, import, benchmark, finetune) builds them here.
 

@@ -10,14 +10,12 @@ atol 1e-6. Channels outside a selection, and frozen parameters, stay bit-identic
 
 import numpy as np
 import pytest
-import torch
 import tvm
 import yaml
 
+from conftest import chained_steps_match
 from pipelines.config import CONF
-from pipelines.models import build_model
-from pipelines.step import CompiledStep, save_step
-from pipelines.torch_ref import make_optimizer, train_step
+from pipelines.step import save_step
 from stages.optimize.passes import optimize, update_outputs
 from stages.optimize.recompute import recompute
 from stages.optimize.schedule import reorder_updates
@@ -68,26 +66,13 @@ def test_compiled_decoder_step_matches_pytorch(tmp_path, step, scheme):
     save_step(optimize(pruned, sig, reorder=True, recomputed=recomputing), sig,
               tvm.target.Target({"kind": "llvm"}), tmp_path)
 
-    torch.manual_seed(0)
-    model = build_model(MODEL).train()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    compiled = CompiledStep(tmp_path, {r: before[t].numpy()
-                                       for r, t in sig["torch_names"].items()})
-    optimizer = make_optimizer(model, OPT, selection)
     rng = np.random.default_rng(0)
-    for _ in range(3):
-        x, y = rng.integers(0, 64, (2, 16)), rng.integers(0, 64, 32)
-        want = train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y))
-        assert compiled.step(x, y) == pytest.approx(want, rel=1e-5)
-    after = compiled.torch_state_dict()
-    for name, value in model.state_dict().items():
-        np.testing.assert_allclose(after[name].numpy(), value.numpy(), rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
-        if name not in selection:
-            np.testing.assert_array_equal(after[name].numpy(), before[name].numpy())
-        elif selection[name]:
-            axis, index = selection[name]["axis"], selection[name]["index"]
-            rest = [c for c in range(value.shape[axis]) if c not in index]
+    batches = [(rng.integers(0, 64, (2, 16)), rng.integers(0, 64, 32)) for _ in range(3)]
+    before, after = chained_steps_match(tmp_path, MODEL, OPT, selection, sig, batches)
+    for name, selected in selection.items():
+        if selected:
+            axis, index = selected["axis"], selected["index"]
+            rest = [c for c in range(after[name].shape[axis]) if c not in index]
             np.testing.assert_array_equal(after[name].numpy().take(rest, axis),
                                           before[name].numpy().take(rest, axis))
             assert not np.array_equal(after[name].numpy(), before[name].numpy())

@@ -13,8 +13,8 @@ import sys
 
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
 from pipelines.config import ConfigError, load_params, load_profile, require, run_stage
-from pipelines.step import selection_of
 from pipelines.progress import progress
+from pipelines.step import selection_of
 from stages.benchmark.cases import run_case
 
 CASES = ["compiled", "torch_eager_full", "torch_eager_frozen"]

@@ -47,8 +47,8 @@ def main() -> None:
     if model_cfg.get("arch") != "mobilenetv2":  # the digits task feeds image models only
         raise ConfigError(f"params.yaml: model.arch={model_cfg.get('arch')!r}: the data stage "
                           "has only an image task (digits); allowed: ['mobilenetv2']. The "
-                          "compiler stages and `pock scheme show` take the text models (llama, minilm) "
-                          "already.")
+                          "compiler stages and `pock scheme show` take the text models "
+                          "(llama, minilm) already.")
     splits = make_splits(data_cfg, model_cfg, int(require(params, "seed")))
     with atomic_dir(OUT) as tmp:
         save_arrays(tmp / "digits.npz", splits)

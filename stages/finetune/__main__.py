@@ -18,9 +18,9 @@ import torch
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.config import ConfigError, load_params, require, run_stage
 from pipelines.models import build_model
+from pipelines.progress import progress
 from pipelines.step import CompiledStep, load_initial, selection_of
 from pipelines.torch_ref import accuracy, batches, make_optimizer, seed_everything, train_step
-from pipelines.progress import progress
 
 OUT = ARTIFACTS / "finetune"
 BUILD = ARTIFACTS / "build" / "host"

@@ -33,15 +33,6 @@ OUT = ARTIFACTS / "memory" / "metrics.json"
 VARIANTS = [("plain", False, False), ("reordered", True, False), ("recomputed", True, True)]
 
 
-def compile_variant(full, signature: dict, selection: dict, reorder: bool, recomputed: bool,
-                    scheme: str, target, directory: Path) -> dict:
-    step, sig, _ = sparse_step(full, signature, selection)
-    mod = optimize(step, sig, reorder, recomputed)
-    plan = memory_plan(mod, sig)
-    save_step(mod, dict(sig, scheme=scheme), target, directory)
-    return plan
-
-
 def main() -> None:
     params = load_params()
     profile = load_profile("host")
@@ -56,12 +47,14 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="pock-memory-"))
     try:
         for name, selection in [("full", everything), (scheme["name"], selected)]:
+            step, sig, _ = sparse_step(full, signature, selection)  # pruned once per scheme
             for suffix, reorder, recomputed in VARIANTS:
                 case = f"compiled_{name}_{suffix}"
                 directory = scratch / case
                 directory.mkdir()
-                plan = compile_variant(full, signature, selection, reorder, recomputed, name,
-                                       tvm_target(profile), directory)
+                mod = optimize(step, sig, reorder, recomputed)
+                plan = memory_plan(mod, sig)
+                save_step(mod, dict(sig, scheme=name), tvm_target(profile), directory)
                 run = run_isolated("compiled", dict(spec, build_dir=str(directory)))
                 results[case] = {"peak_rss_bytes": run["peak_rss_bytes"],
                                  "median_ms": run["median_ms"], "plan": plan}

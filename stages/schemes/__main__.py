@@ -24,9 +24,9 @@ from pipelines.config import (CONF, ConfigError, load_params, load_profile, requ
                               tvm_target)
 from pipelines.ir import load_ir, nbytes
 from pipelines.models import build_model
+from pipelines.progress import progress
 from pipelines.step import CompiledStep, load_initial, save_step
 from pipelines.torch_ref import accuracy, batches
-from pipelines.progress import progress
 from stages.benchmark.__main__ import case_spec, run_isolated
 from stages.optimize.passes import optimize
 from stages.prune.__main__ import prune_scheme
@@ -86,13 +86,11 @@ def main() -> None:
             timing = run_isolated("compiled", dict(spec, build_dir=str(directory)))
             tuned = finetune(directory, params)
             pruned, whole = summary["pruned"], summary["full"]
-            weights = sig["inputs"][2:2 + sig["num_params"]]
             rows[scheme["name"]] = {
                 "median_ms": timing["median_ms"], **tuned,
                 # What the step holds beyond its batch (the report's memory plot).
-                "memory": {"weights_bytes": sum(nbytes(p) for n, p in zip(sig["inputs"],
-                                                                          step.params)
-                                                if n in weights),
+                "memory": {"weights_bytes": sum(nbytes(p) for p in
+                                                step.params[2:2 + sig["num_params"]]),
                            **{k: pruned[k] for k in ("optimizer_state_bytes", "param_grad_bytes",
                                                      "saved_activation_bytes")}},
                 "trainable_elements": pruned["trainable_elements"],

@@ -23,8 +23,8 @@ import torch
 
 from pipelines.config import ConfigError
 from pipelines.models import build_model
-from pipelines.torch_ref import batches, make_optimizer, seed_everything, train_step
 from pipelines.progress import progress
+from pipelines.torch_ref import batches, make_optimizer, seed_everything, train_step
 from stages.prune.__main__ import prune_scheme
 from stages.prune.scheme import KINDS, rule_matches, select
 
