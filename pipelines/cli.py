@@ -108,12 +108,58 @@ def cmd_bench(args) -> int:
     code = _repro([f"benchmark@{d}" for d in devices])
     if code:
         return code
+    from stages.benchmark.__main__ import summary
+
     for device in devices:
-        bench = json.loads((ARTIFACTS / "benchmark" / f"{device}.json").read_text())
-        print(f"{device} ({bench['model']}, {bench['scheme']}): compiled "
-              f"{bench['compiled']['median_ms']:.2f} ms/step; "
-              f"{bench['speedup_vs_torch_eager_full']:.2f}x PyTorch eager full BP, "
-              f"{bench['speedup_vs_torch_eager_frozen']:.2f}x eager with the same layers frozen")
+        print(summary(json.loads((ARTIFACTS / "benchmark" / f"{device}.json").read_text())))
+    return EXIT_OK
+
+
+def cmd_setup(args) -> int:
+    """Install what the configured devices need from Debian (cross compilers, qemu,
+    mmdebstrap; needs root) and make their emulation roots."""
+    import shutil
+
+    from pipelines.config import load_profile
+    from pipelines.emulation import setup_root
+    from stages.benchmark.remote import emulation_root
+
+    profiles = [load_profile(d) for d in _devices(args.devices)]
+    needed = {p["toolchain"]["cc"]: p["toolchain"]["package"] for p in profiles
+              if p["toolchain"].get("cc") and p["toolchain"].get("package")}
+    if any(p["runner"] == "emulated" for p in profiles):
+        needed.update({p["emulation"]["qemu"]: "qemu-user-static" for p in profiles
+                       if p["runner"] == "emulated"}, mmdebstrap="mmdebstrap")
+    packages = sorted({package for tool, package in needed.items() if not shutil.which(tool)})
+    if packages:
+        print(f"apt-get install {' '.join(packages)}")
+        subprocess.call(["apt-get", "update", "-q"])
+        if subprocess.call(["apt-get", "install", "-y", "-q", *packages]) != 0:
+            raise ConfigError(f"apt-get could not install {packages} (root and Debian's "
+                              "package registry needed)")
+    for profile in profiles:
+        if profile["target"]["kind"] == "cuda" and not shutil.which("nvcc"):
+            print(f"warning: {profile['name']} compiles CUDA kernels with nvcc, which is not on "
+                  "PATH (NVIDIA's CUDA toolkit; not installed by pock setup)", file=sys.stderr)
+        if profile["runner"] == "emulated":
+            root = emulation_root(profile)
+            if not (root / "opt/pockengine/tvm").exists():
+                print(f"emulation root for {profile['name']}: {setup_root(profile, root)}")
+    return EXIT_OK
+
+
+def cmd_emulation_setup(args) -> int:
+    """Make the root an emulated device's step runs in (profile's emulation.root)."""
+    from pipelines.config import load_profile
+    from pipelines.emulation import setup_root
+    from stages.benchmark.remote import emulation_root
+
+    profile = load_profile(args.device)
+    if not profile.get("emulation"):
+        raise ConfigError(f"device_profiles/{args.device}.yaml: no 'emulation' section; "
+                          "emulation needs emulation.qemu and emulation.root")
+    root = setup_root(profile, emulation_root(profile))
+    print(f"emulation root for {args.device}: {root}")
     return EXIT_OK
 
 
@@ -190,6 +236,16 @@ def main(argv: list[str] | None = None) -> int:
                                      "benchmark@<device>) and print the ratios")
     p.add_argument("devices", nargs="*", help="device profiles (default: params.yaml devices)")
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("setup", help="install the toolchains and emulation roots the configured "
+                                     "devices need (Debian packages: run as root)")
+    p.add_argument("devices", nargs="*", help="device profiles (default: params.yaml devices)")
+    p.set_defaults(func=cmd_setup)
+    p = sub.add_parser("emulation", help="emulated devices (qemu user mode)")
+    q = p.add_subparsers(dest="action", required=True).add_parser(
+        "setup", help="make the device's emulation root: Debian for its architecture "
+                      "(mmdebstrap) plus its TVM and numpy wheels")
+    q.add_argument("device", help="a device profile with an emulation section, e.g. rpi4")
+    q.set_defaults(func=cmd_emulation_setup)
     p = sub.add_parser("report", help="run what is stale and write artifacts/report.md")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("regress", help="gate: metrics against a committed baseline (dvc metrics "

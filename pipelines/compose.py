@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.artifacts import write_text_atomic
-from pipelines.config import CONF, PARAMS, ConfigError, available_profiles
+from pipelines.config import CONF, PARAMS, ConfigError, load_profile
 
 
 def compose_text(overrides: list[str]) -> str:
@@ -19,10 +19,13 @@ def compose_text(overrides: list[str]) -> str:
     except HydraException as err:  # Hydra's message names the group and its options
         raise ConfigError(f"{CONF}: {err}") from err
     OmegaConf.resolve(cfg)
-    missing = [d for d in cfg.devices if d not in available_profiles()]
-    if missing:
-        raise ConfigError(f"{CONF / 'config.yaml'}: devices={list(cfg.devices)} names "
-                          f"{missing}, which have no profile; allowed: {available_profiles()}")
+    profiles = OmegaConf.to_container(cfg.profiles) if "profiles" in cfg else {}
+    for device in cfg.devices:  # each resolves: an unknown name or a bad value is named here
+        load_profile(device, profiles)
+    if "host" not in cfg.devices:
+        raise ConfigError(f"{CONF / 'config.yaml'}: devices={list(cfg.devices)} lacks 'host': "
+                          "fine-tuning runs its build, and other devices' losses are checked "
+                          "against it")
     return OmegaConf.to_yaml(cfg)
 
 

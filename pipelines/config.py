@@ -42,38 +42,109 @@ def choose(value, allowed, key: str, source: str | Path = PARAMS):
     return value
 
 
-def available_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILES.glob("*.yaml"))
+def available_profiles(overrides: dict | None = None) -> list[str]:
+    """Profile files, plus boards derived in params.yaml's ``profiles`` with ``extends``."""
+    derived = [n for n, o in (overrides or {}).items() if isinstance(o, dict) and "extends" in o]
+    return sorted({p.stem for p in PROFILES.glob("*.yaml")} | set(derived))
 
 
-PROFILE_KEYS = {"name", "description", "target", "host", "cores", "memory_mb",
-                "memory_budget_mb", "runner", "toolchain", "remote"}
-RUNNERS = {"local"}
+PROFILE_KEYS = {"name", "description", "extends", "target", "host", "cores", "memory_mb",
+                "memory_budget_mb", "runner", "toolchain", "remote", "emulation"}
+# local: this machine; rpc: a TVM RPC tracker's server; emulated: qemu user mode here; none:
+# built only (nothing here reaches the device, or it links the archive itself).
+RUNNERS = {"local", "rpc", "emulated", "none"}
+# shared: a library linked here (.so); archive: object files the device links itself (.tar).
+OUTPUTS = {"shared", "archive"}
 
 
-def load_profile(name: str) -> dict:
-    """device_profiles/<name>.yaml, checked: target is a TVM target dict, runner is known."""
-    path = PROFILES / f"{name}.yaml"
-    if not path.exists():
-        raise ConfigError(f"{PARAMS}: devices contains {name!r}, which has no profile; "
-                          f"allowed: {available_profiles()} (files in {PROFILES})")
-    with open(path) as handle:
-        profile = yaml.safe_load(handle)
+def _merge(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``; nested dicts merge, anything else is replaced."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            value = _merge(merged[key], value)
+        merged[key] = value
+    return merged
+
+
+def _profile_layers(name: str, overrides: dict, chain: tuple) -> tuple[dict, str]:
+    """The profile ``name`` with ``extends`` followed, before validation; and where it came
+    from (for errors)."""
+    if name in chain:
+        raise ConfigError(f"{PROFILES}: profiles extend each other in a cycle: "
+                          f"{' -> '.join(chain + (name,))}")
+    path, override = PROFILES / f"{name}.yaml", overrides.get(name) or {}
+    if not isinstance(override, dict):
+        raise ConfigError(f"{PARAMS}: profiles.{name} must be a mapping of profile keys")
+    if not path.exists() and "extends" not in override:
+        raise ConfigError(f"devices: {name!r} has no profile; allowed: "
+                          f"{available_profiles(overrides)} (files in {PROFILES}/, or a board "
+                          f"derived with +profiles.{name}.extends=<profile>)")
+    profile = {}
+    if path.exists():
+        with open(path) as handle:
+            profile = yaml.safe_load(handle) or {}
+    profile = _merge(profile, override)
+    source = f"{path}" + (f" with profiles.{name} from {PARAMS.name}" if override else "")
+    if "extends" in profile:
+        base, _ = _profile_layers(profile.pop("extends"), overrides, chain + (name,))
+        profile = _merge(base, profile)
+    profile["name"] = name
+    return profile, source
+
+
+def load_profile(name: str, overrides: dict | None = None) -> dict:
+    """The device profile ``name``: device_profiles/<name>.yaml, following ``extends`` (a board
+    derived from another), with params.yaml's ``profiles.<name>`` merged on top (Hydra
+    overrides land there); checked, so a bad key or value is named with its allowed values."""
+    if overrides is None:
+        overrides = (load_params().get("profiles") or {}) if PARAMS.exists() else {}
+    profile, path = _profile_layers(name, overrides, ())
     unknown = set(profile) - PROFILE_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(PROFILE_KEYS)}")
     for key in ("target", "cores", "memory_mb", "runner"):
         require(profile, key, path)
-    if not isinstance(profile["target"], dict) or "kind" not in profile["target"]:
-        raise ConfigError(f"{path}: 'target' must be a TVM target dict with a 'kind', e.g. "
-                          "{kind: llvm, mcpu: skylake-avx512}")
+    for key in ("target", "host"):
+        if key == "target" or profile.get("host") is not None:
+            if not isinstance(profile[key], dict) or "kind" not in profile[key]:
+                raise ConfigError(f"{path}: '{key}' must be a TVM target dict with a 'kind', "
+                                  "e.g. {kind: llvm, mtriple: aarch64-linux-gnu, mcpu: cortex-a72}")
     choose(profile["runner"], RUNNERS, "runner", path)
+    toolchain = profile.setdefault("toolchain", {}) or {}
+    profile["toolchain"] = toolchain
+    choose(toolchain.setdefault("output", "shared"), OUTPUTS, "toolchain.output", path)
     for key in ("memory_mb", "memory_budget_mb"):
         value = profile.get(key)
         if value is not None and (not isinstance(value, (int, float)) or value <= 0):
             raise ConfigError(f"{path}: {key}={value!r}; allowed: a positive number of MiB")
-    profile.setdefault("name", name)
+    if profile["runner"] == "rpc":
+        for key in ("remote.tracker", "remote.key"):
+            require(profile, key, path)
+        host, _, port = str(profile["remote"]["tracker"]).rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"{path}: remote.tracker={profile['remote']['tracker']!r}; "
+                              "allowed: HOST:PORT of a TVM RPC tracker, e.g. 127.0.0.1:9190")
+    if profile["runner"] == "emulated":
+        for key in ("emulation.qemu", "emulation.root"):
+            require(profile, key, path)
+    if toolchain["output"] == "archive" and profile["runner"] in ("local", "emulated"):
+        raise ConfigError(f"{path}: runner={profile['runner']!r} needs a library linked here, "
+                          "but toolchain.output='archive'; allowed with an archive: "
+                          "['none', 'rpc'] (the device links it)")
     return profile
+
+
+def resolved_profile(name: str) -> dict:
+    """The profile the profiles stage resolved for ``name`` (artifacts/profiles/<name>.json)."""
+    import json
+
+    from pipelines.artifacts import ARTIFACTS
+
+    path = ARTIFACTS / "profiles" / f"{name}.json"
+    if not path.exists():
+        raise ConfigError(f"{path}: not found; is {name!r} in devices? Run `dvc repro profiles`")
+    return json.loads(path.read_text())
 
 
 def check_memory_budget(plan: dict, profile: dict) -> bool:

@@ -4,7 +4,7 @@ import pytest
 from pipelines import cli
 
 COMMANDS = [["compose"], ["status"], ["scheme", "show"], ["scheme", "search"], ["build"],
-            ["bench"], ["report"], ["regress"]]
+            ["bench"], ["report"], ["regress"], ["setup"], ["emulation", "setup"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
@@ -17,7 +17,7 @@ def test_every_command_has_help(command, capsys):
 
 def test_unknown_device_lists_the_profiles(capsys):
     assert cli.main(["build", "rpi9"]) == cli.EXIT_INPUT
-    assert "'rpi9', which has no profile; allowed: ['host'" in capsys.readouterr().err
+    assert "'rpi9' has no profile; allowed: ['android_sd8g2'" in capsys.readouterr().err
 
 
 def test_device_not_configured_says_how_to_add_it(capsys, monkeypatch):

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["pretrain.epochs=1", "finetune.epochs=1", "benchmark.warmup=1", "benchmark.steps=3",
+# Devices: the host, and a phone whose build is an archive it links itself (no toolchain or
+# emulation needed here; tests/test_devices.py covers those).
+SMALL = ["devices=[host,android_sd8g2]", "pretrain.epochs=1", "finetune.epochs=1", "benchmark.warmup=1", "benchmark.steps=3",
          "compare.schemes=[full,mbv2_channels]", "search.blocks.last=1", "search.steps=4"]
 
 
@@ -43,11 +45,13 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
 
     first = run(["dvc", "repro"], repo)
     assert {"data", "pretrain", "import", "lower", "autodiff", "sparse_prune", "optimize",
-            "build@host", "benchmark@host", "finetune", "scheme_search", "schemes",
+            "profiles", "build@host", "benchmark@host", "build@android_sd8g2",
+            "benchmark@android_sd8g2", "finetune", "scheme_search", "schemes",
             "report"} <= ran_stages(first)
     for path in ["import/model.pt2", "import/model.onnx", "lower/model.relax.py",
                  "autodiff/train_step.relax.py", "prune/train_step.relax.py", "prune/report.json",
                  "optimize/plan.json", "build/host/step.so", "build/host/manifest.json",
+                 "profiles/android_sd8g2.json", "build/android_sd8g2/step.tar",
                  "benchmark/host.json", "finetune/metrics.json", "finetune/loss.json",
                  "search/scheme.yaml", "search/contributions.json", "schemes/metrics.json",
                  "report.md", "plots/latency.svg", "plots/memory.json", "plots/finetune.svg"]:
@@ -63,7 +67,7 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     assert ran_stages(forced) == set(ir_stages)
     assert "up to date" in run(["dvc", "status"], repo)
 
-    run(compose + SMALL[:1] + ["finetune.epochs=2"] + SMALL[2:], repo)
+    run(compose + SMALL[:2] + ["finetune.epochs=2"] + SMALL[3:], repo)
     status = run(["dvc", "status"], repo)
     # The schemes stage fine-tunes every scheme with the same epochs: it depends on them too.
     assert re.findall(r"^(\S+):$", status, flags=re.M) == ["finetune", "schemes"]

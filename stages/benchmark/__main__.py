@@ -1,9 +1,15 @@
-"""benchmark@device: time the compiled step against PyTorch on the same shapes, in one run.
+"""benchmark@device: run the device's build where its profile's runner reaches it.
 
 Usage: python -m stages.benchmark <device>
-Output: artifacts/benchmark/<device>.json (DVC metrics): per case the median and p90 step time
-over ``benchmark.steps`` steps after ``benchmark.warmup``, peak resident memory above the
-process baseline, and the ratios compiled vs PyTorch.
+Output: artifacts/benchmark/<device>.json (DVC metrics), by runner:
+- local: the compiled step against PyTorch on the same shapes, in one run: per case the median
+  and p90 step time over ``benchmark.steps`` steps after ``benchmark.warmup``, peak resident
+  memory above the process baseline, and the ratios compiled vs PyTorch;
+- rpc / emulated: one step on the device (a TVM RPC server; qemu user mode) checked against
+  the host build's step on the same arguments (loss and every updated tensor), then step
+  times: measured on the device by TVM's time_evaluator (rpc) or labelled ``emulated`` (never
+  compared with real timings);
+- none: nothing here reaches the device; says so, and why.
 """
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ import multiprocessing
 import sys
 
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
-from pipelines.config import ConfigError, load_params, load_profile, require, run_stage
+from pipelines.config import load_params, require, resolved_profile, run_stage
 from pipelines.progress import progress
 from pipelines.step import selection_of
 from stages.benchmark.cases import run_case
@@ -41,13 +47,58 @@ def case_spec(params: dict, profile: dict, trainable: dict) -> dict:
     }
 
 
+# A device's step must match the host build's to this tolerance (different CPUs and vector
+# widths sum in different orders).
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def remote(device: str, params: dict, profile: dict) -> dict:
+    """One step on the device, checked against the host build's; then step times there."""
+    import numpy as np
+
+    from pipelines.step import CompiledStep, load_initial
+    from stages.benchmark.cases import _batch
+    from stages.benchmark.remote import run_emulated, run_rpc
+
+    build_dir, runner = ARTIFACTS / "build" / device, profile["runner"]
+    built = json.loads((build_dir / "manifest.json").read_text())["params"]
+    spec = case_spec(params, profile, {})
+    host = CompiledStep(ARTIFACTS / "build" / "host", load_initial(spec["initial"]))
+    args = host.arguments(*_batch(spec["data"], spec["batch"]))
+    want = [o.numpy() for o in host.function(*args)]
+    run = run_rpc if runner == "rpc" else run_emulated
+    got, times = run(build_dir / built["library"], [a.numpy() for a in args], profile,
+                     spec["warmup"], spec["steps"])
+    worst = max(float(np.max(np.abs(g - w) / (ATOL + RTOL * np.abs(w))))
+                for g, w in zip(got, want))
+    timing = {"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
+              "steps": len(times)}
+    return {
+        "loss": float(got[0]), "loss_host": float(want[0]),
+        # <= 1: every output within rtol 1e-4, atol 1e-5 of the host build's
+        "matches_host": len(got) == len(want) and worst <= 1.0,
+        "worst_diff_over_tolerance": worst,
+        # Emulated time is qemu's, not the device's: kept apart from real timings.
+        ("emulated" if runner == "emulated" else "compiled"): timing,
+    }
+
+
 def benchmark(device: str) -> dict:
     params = load_params()
-    profile = load_profile(device)
-    if profile["runner"] != "local":
-        raise ConfigError(f"device_profiles/{device}.yaml: runner={profile['runner']!r} "
-                          "is not available yet; allowed: ['local']")
+    profile = resolved_profile(device)
     build_dir = ARTIFACTS / "build" / device
+    signature = json.loads((build_dir / "signature.json").read_text())
+    head = {"device": device, "scheme": signature["scheme"], "model": params["model"]["name"],
+            "runner": profile["runner"]}
+    if profile["runner"] == "none":
+        built = json.loads((build_dir / "manifest.json").read_text())["params"]
+        return {**head, "ran": False, "reason": (
+            "runner none: nothing here reaches the device" + (
+                "; the archive is linked on the device" if built["links_on_device"] else "")
+            + f"; to run it, start `python -m tvm.exec.rpc_server --tracker HOST:PORT --key "
+              f"KEY` there and set +profiles.{device}.runner=rpc")}
+    if profile["runner"] != "local":
+        return {**head, "ran": True, **remote(device, params, profile)}
     signature = json.loads((build_dir / "signature.json").read_text())
     model_cfg = require(params, "model")
     spec = case_spec(params, profile, selection_of(signature))
@@ -59,8 +110,7 @@ def benchmark(device: str) -> dict:
     compiled["recomputed"] = plan["recomputed"]
     compiled["images_per_s"] = spec["batch"] / compiled["median_ms"] * 1e3
     return {
-        "device": device, "scheme": signature["scheme"], "model": model_cfg["name"],
-        **results,
+        **head, "ran": True, **results,
         "speedup_vs_torch_eager_full":
             results["torch_eager_full"]["median_ms"] / compiled["median_ms"],
         "speedup_vs_torch_eager_frozen":
@@ -76,9 +126,27 @@ def main() -> None:
     device = sys.argv[1]
     metrics = benchmark(device)
     write_json_atomic(ARTIFACTS / "benchmark" / f"{device}.json", metrics)
-    print(f"{device}: compiled {metrics['compiled']['median_ms']:.2f} ms/step; "
-          f"{metrics['speedup_vs_torch_eager_full']:.2f}x vs PyTorch eager full BP, "
-          f"{metrics['speedup_vs_torch_eager_frozen']:.2f}x vs eager with the same layers frozen")
+    print(summary(metrics))
+    if metrics.get("matches_host") is False:  # recorded, and the stage fails: a wrong build
+        sys.exit(f"error: {device}'s step does not match the host build's (worst output "
+                 f"{metrics['worst_diff_over_tolerance']:.1f}x over rtol {RTOL}, atol {ATOL})")
+
+
+def summary(metrics: dict) -> str:
+    """One line per device: what ran where and how it compares."""
+    device = f"{metrics['device']} ({metrics['model']}, {metrics['scheme']})"
+    if not metrics["ran"]:
+        return f"{device}: not run ({metrics['reason']})"
+    if metrics["runner"] == "local":
+        return (f"{device}: compiled {metrics['compiled']['median_ms']:.2f} ms/step; "
+                f"{metrics['speedup_vs_torch_eager_full']:.2f}x PyTorch eager full BP, "
+                f"{metrics['speedup_vs_torch_eager_frozen']:.2f}x eager with the same layers "
+                "frozen")
+    timing = metrics.get("compiled") or metrics["emulated"]
+    return (f"{device}: {metrics['runner']}, loss {metrics['loss']:.6f} "
+            f"{'matches' if metrics['matches_host'] else 'DOES NOT MATCH'} the host build's "
+            f"{metrics['loss_host']:.6f}; {timing['median_ms']:.2f} ms/step"
+            + (" (emulated, not the device's speed)" if "emulated" in metrics else ""))
 
 
 if __name__ == "__main__":

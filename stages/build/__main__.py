@@ -1,12 +1,15 @@
 """build@device: compile the optimized step for one device profile.
 
 Usage: python -m stages.build <device>
-Outputs (artifacts/build/<device>/): step.so (load with tvm.runtime.load_module), signature.json
-(how to call it), plan.json (the planned memory of the step built), manifest.json (input hashes,
-target, TVM version, toolchain, whether activations are recomputed).
+Outputs (artifacts/build/<device>/): step.so (load with tvm.runtime.load_module) or, for a
+profile whose toolchain.output is archive, step.tar (object files the device links);
+signature.json (how to call it), plan.json (the planned memory of the step built),
+manifest.json (input hashes, target, TVM version, toolchain and linking, whether activations
+are recomputed).
 A step whose planned peak memory exceeds the profile's budget takes the optimize stage's
 recomputing twin when there is one that fits (optimize.recompute=auto), else is refused before
-compiling.
+compiling. A missing cross compiler or nvcc is refused before compiling too, naming the
+package to install.
 """
 from __future__ import annotations
 
@@ -14,33 +17,31 @@ import json
 import shutil
 import sys
 
-import tvm
-
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.config import check_memory_budget, load_profile, run_stage, tvm_target
+from pipelines.config import check_memory_budget, resolved_profile, run_stage
 from pipelines.ir import load_ir
+from stages.build.toolchain import check_toolchain, compile_step
 
 OPTIMIZE = ARTIFACTS / "optimize"
 SIGNATURE = ARTIFACTS / "prune" / "signature.json"
-LIBRARY = "step.so"
 
 
 def build(device: str) -> None:
-    profile = load_profile(device)
+    profile = resolved_profile(device)
     plan = json.loads((OPTIMIZE / "plan.json").read_text())
     recompute = check_memory_budget(plan, profile)
+    check_toolchain(profile)
     optimized = OPTIMIZE / ("train_step_recompute.json" if recompute else "train_step.json")
-    target = tvm_target(profile)
-    executable = tvm.compile(load_ir(optimized), target=target)
     with atomic_dir(ARTIFACTS / "build" / device) as tmp:
-        executable.export_library(str(tmp / LIBRARY))
+        built = compile_step(load_ir(optimized), profile, tmp)
         shutil.copyfile(SIGNATURE, tmp / "signature.json")
         write_json_atomic(tmp / "plan.json", plan["recompute"] if recompute else plan)
         write_manifest(tmp, f"build@{device}", {"optimized": optimized, "signature": SIGNATURE},
-                       {"profile": profile, "target": str(target),
+                       {"profile": profile, **built,
                         "recomputed": recompute or plan["recomputed"]})
-    print(f"built {device}: {target}" + (" (recomputing cheap activations to fit "
-                                         "its memory budget)" if recompute else ""))
+    print(f"built {device}: {built['library']} ({built['library_bytes'] / 2**20:.2f} MiB, "
+          f"{built['output']}{', linked on the device' if built['links_on_device'] else ''})"
+          + (" recomputing cheap activations to fit its memory budget" if recompute else ""))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
-from pipelines.config import load_params, load_profile, require, run_stage, tvm_target
+from pipelines.config import load_params, resolved_profile, require, run_stage, tvm_target
 from pipelines.ir import load_ir
 from pipelines.step import save_step
 from stages.benchmark.__main__ import case_spec, run_isolated
@@ -35,7 +35,7 @@ VARIANTS = [("plain", False, False), ("reordered", True, False), ("recomputed", 
 
 def main() -> None:
     params = load_params()
-    profile = load_profile("host")
+    profile = resolved_profile("host")
     model_cfg, scheme = require(params, "model"), require(params, "sparse")
     signature = json.loads((AUTODIFF / "signature.json").read_text())
     full = load_ir(AUTODIFF / "train_step.json")["train_step"]

@@ -40,11 +40,14 @@ def render(params: dict) -> str:
     ]
     for device in require(params, "devices"):
         bench = json.loads((ARTIFACTS / "benchmark" / f"{device}.json").read_text())
+        if bench["runner"] != "local":  # PyTorch runs here only: see the device table below
+            continue
         compiled = bench["compiled"]["median_ms"]
         for case in ("compiled", "torch_eager_full", "torch_eager_frozen"):
             row = bench[case]
             lines.append(f"| {device} | {case} | {row['median_ms']:.2f} | {row['p90_ms']:.2f} | "
                          f"{_mib(row['peak_rss_bytes'])} | {row['median_ms'] / compiled:.2f}x |")
+    lines += ["", *device_table(require(params, "devices"))]
     lines += [
         "",
         f"Planned peak of the compiled step (TVM's static memory plan, update reordering "
@@ -156,6 +159,35 @@ def render(params: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def device_table(devices: list[str]) -> list[str]:
+    """One row per device profile: built, where it ran, loss against the host build, time."""
+    lines = ["## Devices", "",
+             "| device | target | built | ran | loss matches host | step latency |",
+             "|---|---|---|---|---|---|"]
+    for device in devices:
+        built = json.loads((ARTIFACTS / "build" / device / "manifest.json").read_text())["params"]
+        bench = json.loads((ARTIFACTS / "benchmark" / f"{device}.json").read_text())
+        target = built["profile"]["target"]
+        kind = target["kind"] + (f" {target['mcpu']}" if "mcpu" in target else "") + (
+            f" {target['arch']}" if "arch" in target else "")
+        what = (f"yes: {built['library']}, {_mib(built['library_bytes'])}"
+                + (" (objects the device links)" if built["links_on_device"] else ""))
+        if not bench["ran"]:
+            ran, matches, latency = "not run (runner none)", "", ""
+        elif bench["runner"] == "local":
+            ran, matches = "local", "(is the host)" if device == "host" else ""
+            latency = f"{bench['compiled']['median_ms']:.2f} ms"
+        else:
+            ran = bench["runner"]
+            matches = (f"{'yes' if bench['matches_host'] else 'NO'} ({bench['loss']:.6f} vs "
+                       f"{bench['loss_host']:.6f})")
+            latency = (f"{bench['emulated']['median_ms']:.1f} ms emulated (qemu, not the "
+                       "device's speed)" if "emulated" in bench
+                       else f"{bench['compiled']['median_ms']:.2f} ms")
+        lines.append(f"| {device} | {kind} | {what} | {ran} | {matches} | {latency} |")
+    return lines
 
 
 def main() -> None:

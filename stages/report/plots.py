@@ -29,6 +29,8 @@ MEMORY_PARTS = {"weights_bytes": "weights", "optimizer_state_bytes": "optimizer 
 def latency_rows(benchmarks: dict[str, dict], schemes: dict) -> list[dict]:
     rows = []
     for device, bench in benchmarks.items():
+        if bench["runner"] != "local":  # emulated or remote times are not comparable here
+            continue
         for case, label in (("torch_eager_full", "PyTorch eager full BP"),
                             ("torch_eager_frozen", "PyTorch eager, same layers frozen"),
                             ("compiled", f"compiled {bench['scheme']}")):

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
-from pipelines.config import (CONF, ConfigError, load_params, load_profile, require, run_stage,
+from pipelines.config import (CONF, ConfigError, load_params, resolved_profile, require, run_stage,
                               tvm_target)
 from pipelines.ir import load_ir, nbytes
 from pipelines.models import build_model
@@ -66,7 +66,7 @@ def finetune(build_dir: Path, params: dict) -> dict:
 
 def main() -> None:
     params = load_params()
-    profile = load_profile("host")
+    profile = resolved_profile("host")
     names = list(require(params, "compare.schemes"))
     schemes = [load_scheme(n) for n in names]  # every name checked before any work
     schemes.append(yaml.safe_load(SEARCHED.read_text()))

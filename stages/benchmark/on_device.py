@@ -1,0 +1,34 @@
+"""Run a built training step on the device itself: one step on given inputs, then timed steps.
+
+Usage: python on_device.py LIBRARY INPUTS.npz OUTPUT.npz WARMUP STEPS
+INPUTS.npz holds the step's arguments in call order (arg_000, arg_001, ...); OUTPUT.npz gets
+the first step's outputs (out_000 = loss, then the new state) and ``times_ms``, one per timed
+step. Needs only numpy and TVM's runtime, so it runs where PyTorch does not: under qemu in an
+aarch64 root (the emulated runner), or on a board by hand.
+"""
+import sys
+import time
+
+import numpy as np
+import tvm
+from tvm import relax
+
+
+def run(library: str, inputs: str, output: str, warmup: int, steps: int) -> None:
+    device = tvm.cpu()
+    vm = relax.VirtualMachine(tvm.runtime.load_module(library), device)
+    with np.load(inputs) as arrays:
+        args = [tvm.runtime.tensor(arrays[name], device) for name in sorted(arrays.files)]
+    outputs = vm["train_step"](*args)
+    results = {f"out_{i:03d}": value.numpy() for i, value in enumerate(outputs)}
+    times = []
+    for i in range(warmup + steps):  # same inputs each time: only the time is kept
+        start = time.perf_counter()
+        vm["train_step"](*args)
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    np.savez(output, times_ms=np.array(times), **results)
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))

@@ -1,0 +1,65 @@
+"""GPU targets (CUDA, OpenCL): every kernel needs a thread binding before it compiles.
+
+TVM's default GPU pipeline schedules each fused kernel with the first dlight rule that claims
+it, but a rule can claim a kernel it then fails on (on the training step, the Reduction rule
+asserts on some fused backward reductions). Here the rules are tried in the same order and a
+rule that fails is skipped, down to Fallback, which binds any kernel. The rest is TVM's own
+pipeline for the target.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import tvm
+from tvm import relax, tirx
+from tvm.s_tir import dlight as dl
+
+GPU_KINDS = {"cuda", "opencl"}
+
+
+def _rules():
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback()]
+
+
+def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> Counter:
+    """Schedule every PrimFunc of ``mod`` in place; returns how many each rule took."""
+    taken = Counter()
+    for gvar, func in list(mod.functions_items()):
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        for rule in _rules():
+            try:
+                space = rule.apply(func, target, False)
+            except Exception:  # noqa: BLE001 - a rule that misjudged this kernel: next rule
+                continue
+            if space is None:
+                continue
+            schedule = space[0] if isinstance(space, list) else space
+            mod[gvar] = schedule.mod["main"].with_attr("tirx.is_scheduled", True)
+            taken[type(rule).__name__] += 1
+            break
+        else:
+            raise RuntimeError(f"no GPU schedule rule binds kernel {gvar.name_hint}")
+    return taken
+
+
+def gpu_pipeline(target: tvm.target.Target, taken: Counter):
+    """TVM's pipeline for ``target`` with the kernels scheduled by ``schedule_kernels``."""
+    from tvm.relax.backend.cuda import pipeline as cuda
+
+    @tvm.transform.module_pass(opt_level=0)
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:
+            mod = tvm.transform.Sequential(
+                cuda.library_dispatch_passes(target)
+                + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                   relax.transform.FoldConstant(), relax.transform.FuseOps(),
+                   relax.transform.FuseTIR()])(mod)
+            taken.update(schedule_kernels(mod, target))
+            # RewriteCUDAGraph only acts on CUDA targets; the rest is target-neutral.
+            mod = tvm.transform.Sequential(cuda.dataflow_lower_passes(target)
+                                           + cuda.finalize_passes(target))(mod)
+        return mod
+
+    return _pipeline
