@@ -169,6 +169,19 @@ def test_jetson_build_carries_nvcc_compiled_kernels(step, tmp_path):
     assert sum(built["gpu_kernel_schedules"].values()) > 0
 
 
+def test_android_adreno_opencl_build_is_an_archive_with_the_kernels(step, tmp_path):
+    """The phone's GPU: OpenCL kernels (source, compiled by the phone's driver at load) packed
+    beside the aarch64 host objects."""
+    profile = load_profile("android_sd8g2", {})
+    profile.update(target={"kind": "opencl", "device": "adreno"},
+                   host=dict(profile["target"]))
+    built = compile_step(step[0], profile, tmp_path)
+    assert built["library"] == "step.tar" and sum(built["gpu_kernel_schedules"].values()) > 0
+    with tarfile.open(tmp_path / "step.tar") as tar:
+        blobs = b"".join(tar.extractfile(m).read() for m in tar.getmembers())
+    assert b"__kernel void" in blobs
+
+
 def test_missing_cross_compiler_names_the_package(step, tmp_path):
     profile = load_profile("rpi4", {"rpi4": {"toolchain": {"cc": "no-such-g++"}}})
     with pytest.raises(ConfigError, match="no-such-g\\+\\+' is not on PATH; install the Debian "

@@ -57,14 +57,14 @@ def remote(device: str, params: dict, profile: dict) -> dict:
     import numpy as np
 
     from pipelines.step import CompiledStep, load_initial
-    from stages.benchmark.cases import _batch
+    from stages.benchmark.cases import first_batch
     from stages.benchmark.remote import run_emulated, run_rpc
 
     build_dir, runner = ARTIFACTS / "build" / device, profile["runner"]
     built = json.loads((build_dir / "manifest.json").read_text())["params"]
     spec = case_spec(params, profile, {})
     host = CompiledStep(ARTIFACTS / "build" / "host", load_initial(spec["initial"]))
-    args = host.arguments(*_batch(spec["data"], spec["batch"]))
+    args = host.arguments(*first_batch(spec["data"], spec["batch"]))
     want = [o.numpy() for o in host.function(*args)]
     run = run_rpc if runner == "rpc" else run_emulated
     got, times = run(build_dir / built["library"], [a.numpy() for a in args], profile,
@@ -99,7 +99,6 @@ def benchmark(device: str) -> dict:
               f"KEY` there and set +profiles.{device}.runner=rpc")}
     if profile["runner"] != "local":
         return {**head, "ran": True, **remote(device, params, profile)}
-    signature = json.loads((build_dir / "signature.json").read_text())
     model_cfg = require(params, "model")
     spec = case_spec(params, profile, selection_of(signature))
     spec["build_dir"] = str(build_dir)

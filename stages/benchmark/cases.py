@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 
-def _batch(data_path: str, batch: int):
+def first_batch(data_path: str, batch: int):
     with np.load(data_path) as data:
         return (np.ascontiguousarray(data["finetune_train_x"][:batch]),
                 np.ascontiguousarray(data["finetune_train_y"][:batch]))
@@ -22,7 +22,7 @@ def run_case(case: str, spec: dict) -> dict:
     from pipelines.memory import PeakRSS
 
     torch.set_num_threads(spec["cores"])
-    x, y = _batch(spec["data"], spec["batch"])
+    x, y = first_batch(spec["data"], spec["batch"])
     warmup, steps = spec["warmup"], spec["steps"]
     if case == "compiled":
         from pipelines.step import CompiledStep, load_initial

@@ -47,7 +47,6 @@ def render(params: dict) -> str:
             row = bench[case]
             lines.append(f"| {device} | {case} | {row['median_ms']:.2f} | {row['p90_ms']:.2f} | "
                          f"{_mib(row['peak_rss_bytes'])} | {row['median_ms'] / compiled:.2f}x |")
-    lines += ["", *device_table(require(params, "devices"))]
     lines += [
         "",
         f"Planned peak of the compiled step (TVM's static memory plan, update reordering "
@@ -158,6 +157,7 @@ def render(params: dict) -> str:
         f"{tune['final_epoch_loss_pytorch']:.4f} |",
         "",
     ]
+    lines += device_table(require(params, "devices"))
     return "\n".join(lines)
 
 
@@ -187,7 +187,7 @@ def device_table(devices: list[str]) -> list[str]:
                        "device's speed)" if "emulated" in bench
                        else f"{bench['compiled']['median_ms']:.2f} ms")
         lines.append(f"| {device} | {kind} | {what} | {ran} | {matches} | {latency} |")
-    return lines
+    return lines + [""]
 
 
 def main() -> None:
