@@ -125,11 +125,13 @@ def cmd_setup(args) -> int:
     from stages.benchmark.remote import emulation_root
 
     profiles = [load_profile(d) for d in _devices(args.devices)]
-    needed = {p["toolchain"]["cc"]: p["toolchain"]["package"] for p in profiles
-              if p["toolchain"].get("cc") and p["toolchain"].get("package")}
-    if any(p["runner"] == "emulated" for p in profiles):
-        needed.update({p["emulation"]["qemu"]: "qemu-user-static" for p in profiles
-                       if p["runner"] == "emulated"}, mmdebstrap="mmdebstrap")
+    needed = {}  # tool -> the Debian package that provides it
+    for profile in profiles:
+        if profile["toolchain"].get("cc") and profile["toolchain"].get("package"):
+            needed[profile["toolchain"]["cc"]] = profile["toolchain"]["package"]
+        if profile["runner"] == "emulated":
+            needed.update({profile["emulation"]["qemu"]: "qemu-user-static",
+                           "mmdebstrap": "mmdebstrap"})
     packages = sorted({package for tool, package in needed.items() if not shutil.which(tool)})
     if packages:
         print(f"apt-get install {' '.join(packages)}")

@@ -21,15 +21,23 @@ from pipelines.artifacts import ARTIFACTS, write_json_atomic
 from pipelines.config import load_params, require, resolved_profile, run_stage
 from pipelines.progress import progress
 from pipelines.step import selection_of
-from stages.benchmark.cases import run_case
+from stages.benchmark.cases import run_case, sgemm_peak
 
-CASES = ["compiled", "torch_eager_full", "torch_eager_frozen"]
+CASES = ["compiled", "torch_eager_full", "torch_eager_frozen", "torch_compile_full"]
+# Which step's FLOPs each case computes (artifacts/prune/report.json): the compiled step and
+# PyTorch with frozen layers do the sparse step's work, the others all of full BP.
+WORK = {"compiled": "pruned", "torch_eager_frozen": "pruned", "torch_eager_full": "full",
+        "torch_compile_full": "full"}
+
+
+def in_fresh_process(function, *args):
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)
 
 
 def run_isolated(case: str, spec: dict) -> dict:
     """Each case in a fresh process so memory peaks and thread pools do not mix."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(run_case, (case, spec))
+    return in_fresh_process(run_case, case, spec)
 
 
 def case_spec(params: dict, profile: dict, trainable: dict) -> dict:
@@ -99,7 +107,6 @@ def benchmark(device: str) -> dict:
               f"KEY` there and set +profiles.{device}.runner=rpc")}
     if profile["runner"] != "local":
         return {**head, "ran": True, **remote(device, params, profile)}
-    model_cfg = require(params, "model")
     spec = case_spec(params, profile, selection_of(signature))
     spec["build_dir"] = str(build_dir)
     results = {case: run_isolated(case, spec) for case in progress(CASES, f"benchmark {device}")}
@@ -108,8 +115,16 @@ def benchmark(device: str) -> dict:
     compiled["planned_peak_bytes"] = plan["planned_peak_bytes"]
     compiled["recomputed"] = plan["recomputed"]
     compiled["images_per_s"] = spec["batch"] / compiled["median_ms"] * 1e3
+    flops = json.loads((ARTIFACTS / "prune" / "report.json").read_text())
+    peak = in_fresh_process(sgemm_peak, spec["cores"])
+    for case, row in results.items():
+        row["gflop_per_s"] = flops[WORK[case]]["flops"] / row["median_ms"] / 1e6
+        row["fraction_of_sgemm_peak"] = row["gflop_per_s"] / peak
     return {
         **head, "ran": True, **results,
+        "sgemm_peak_gflop_per_s": peak,
+        "speedup_vs_torch_compile_full":
+            results["torch_compile_full"]["median_ms"] / compiled["median_ms"],
         "speedup_vs_torch_eager_full":
             results["torch_eager_full"]["median_ms"] / compiled["median_ms"],
         "speedup_vs_torch_eager_frozen":
@@ -140,7 +155,10 @@ def summary(metrics: dict) -> str:
         return (f"{device}: compiled {metrics['compiled']['median_ms']:.2f} ms/step; "
                 f"{metrics['speedup_vs_torch_eager_full']:.2f}x PyTorch eager full BP, "
                 f"{metrics['speedup_vs_torch_eager_frozen']:.2f}x eager with the same layers "
-                "frozen")
+                f"frozen, {metrics['speedup_vs_torch_compile_full']:.2f}x torch.compile full BP; "
+                f"{metrics['compiled']['gflop_per_s']:.2f} GFLOP/s "
+                f"({metrics['compiled']['fraction_of_sgemm_peak']:.1%} of sgemm's "
+                f"{metrics['sgemm_peak_gflop_per_s']:.0f})")
     timing = metrics.get("compiled") or metrics["emulated"]
     return (f"{device}: {metrics['runner']}, loss {metrics['loss']:.6f} "
             f"{'matches' if metrics['matches_host'] else 'DOES NOT MATCH'} the host build's "

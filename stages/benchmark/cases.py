@@ -1,6 +1,8 @@
 """One benchmark case per fresh process: the compiled step, PyTorch eager with full
-backpropagation, and PyTorch eager with the scheme's frozen layers frozen — same shapes, same
-batch, same thread count. Each returns step times (ms) and peak memory above its baseline."""
+backpropagation, PyTorch eager with the scheme's frozen layers frozen, and `torch.compile`d full
+backpropagation — same shapes, same batch, same thread count. Each returns step times (ms) and
+peak memory above its baseline. ``sgemm_peak`` measures what the machine's BLAS reaches, the
+yardstick for GFLOP/s."""
 from __future__ import annotations
 
 import os
@@ -38,12 +40,15 @@ def run_case(case: str, spec: dict) -> dict:
 
         model = build_model(spec["model"]).train()
         model.load_state_dict(torch.load(spec["weights"], weights_only=True))
-        trainable = None if case == "torch_eager_full" else spec["trainable"]
+        trainable = spec["trainable"] if case == "torch_eager_frozen" else None
         opt = make_optimizer(model, spec["optimizer"], trainable)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+        # torch.compile: forward and backward compiled (Inductor, C++ on the CPU), the update
+        # eager; compiling happens in the first warm-up step, outside the timed ones.
+        net = torch.compile(model) if case == "torch_compile_full" else model
 
         def step():
-            train_step(model, opt, tx, ty)
+            train_step(net, opt, tx, ty)
 
     # The same wall-clock loop for every case; the peak counts from before the first step,
     # because warm-up allocates too.
@@ -57,3 +62,20 @@ def run_case(case: str, spec: dict) -> dict:
             times.append((time.perf_counter() - start) * 1e3)
     return {"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
             "peak_rss_bytes": peak.above_baseline_bytes, "steps": len(times)}
+
+
+def sgemm_peak(cores: int, size: int = 1024, repeats: int = 20) -> float:
+    """GFLOP/s of a float32 matrix product on ``cores`` threads (numpy's OpenBLAS): what this
+    machine's tuned BLAS reaches, the ceiling a training step's GFLOP/s is read against."""
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ[name] = str(cores)
+    import numpy  # noqa: F401 - thread count fixed before first use in this fresh process
+
+    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+    a @ a
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / float(np.median(times)) / 1e9

@@ -35,19 +35,28 @@ def render(params: dict) -> str:
         "",
         "![step latency per device and scheme](plots/latency.svg)",
         "",
-        "| device | case | median ms | p90 ms | peak RSS above baseline | speedup of compiled |",
-        "|---|---|---|---|---|---|",
+        "| device | case | median ms | p90 ms | peak RSS above baseline | speedup of compiled | "
+        "GFLOP/s (of sgemm peak) |",
+        "|---|---|---|---|---|---|---|",
     ]
+    peaks = []
     for device in require(params, "devices"):
         bench = json.loads((ARTIFACTS / "benchmark" / f"{device}.json").read_text())
         if bench["runner"] != "local":  # PyTorch runs here only: see the device table below
             continue
+        peaks.append(f"{device}: {bench['sgemm_peak_gflop_per_s']:.0f} GFLOP/s")
         compiled = bench["compiled"]["median_ms"]
-        for case in ("compiled", "torch_eager_full", "torch_eager_frozen"):
+        for case in ("compiled", "torch_eager_full", "torch_eager_frozen", "torch_compile_full"):
             row = bench[case]
             lines.append(f"| {device} | {case} | {row['median_ms']:.2f} | {row['p90_ms']:.2f} | "
-                         f"{_mib(row['peak_rss_bytes'])} | {row['median_ms'] / compiled:.2f}x |")
+                         f"{_mib(row['peak_rss_bytes'])} | {row['median_ms'] / compiled:.2f}x | "
+                         f"{row['gflop_per_s']:.2f} ({row['fraction_of_sgemm_peak']:.1%}) |")
     lines += [
+        "",
+        "GFLOP/s: the FLOPs of the step each case computes (the sparse step for the compiled one "
+        "and for PyTorch with frozen layers, full BP otherwise) over its median time; the peak "
+        "is a float32 matrix product on the same cores with numpy's OpenBLAS "
+        f"({'; '.join(peaks)}).",
         "",
         f"Planned peak of the compiled step (TVM's static memory plan, update reordering "
         f"{'on' if plan['reorder_updates'] else 'off'}): {_mib(plan['planned_peak_bytes'])}"

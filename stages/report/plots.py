@@ -33,6 +33,7 @@ def latency_rows(benchmarks: dict[str, dict], schemes: dict) -> list[dict]:
             continue
         for case, label in (("torch_eager_full", "PyTorch eager full BP"),
                             ("torch_eager_frozen", "PyTorch eager, same layers frozen"),
+                            ("torch_compile_full", "torch.compile full BP"),
                             ("compiled", f"compiled {bench['scheme']}")):
             rows.append({"case": f"{device}: {label}", "ms": bench[case]["median_ms"]})
     rows.append({"case": "host: PyTorch eager full BP (schemes run)",
