@@ -121,8 +121,7 @@ def cmd_setup(args) -> int:
     import shutil
 
     from pipelines.config import load_profile
-    from pipelines.emulation import setup_root
-    from stages.benchmark.remote import emulation_root
+    from pipelines.emulation import emulation_root, root_is_ready, setup_root
 
     profiles = [load_profile(d) for d in _devices(args.devices)]
     needed = {}  # tool -> the Debian package that provides it
@@ -145,7 +144,7 @@ def cmd_setup(args) -> int:
                   "PATH (NVIDIA's CUDA toolkit; not installed by pock setup)", file=sys.stderr)
         if profile["runner"] == "emulated":
             root = emulation_root(profile)
-            if not (root / "opt/pockengine/tvm").exists():
+            if not root_is_ready(root):
                 print(f"emulation root for {profile['name']}: {setup_root(profile, root)}")
     return EXIT_OK
 
@@ -153,8 +152,7 @@ def cmd_setup(args) -> int:
 def cmd_emulation_setup(args) -> int:
     """Make the root an emulated device's step runs in (profile's emulation.root)."""
     from pipelines.config import load_profile
-    from pipelines.emulation import setup_root
-    from stages.benchmark.remote import emulation_root
+    from pipelines.emulation import emulation_root, setup_root
 
     profile = load_profile(args.device)
     if not profile.get("emulation"):

@@ -111,8 +111,7 @@ def load_profile(name: str, overrides: dict | None = None) -> dict:
                 raise ConfigError(f"{path}: '{key}' must be a TVM target dict with a 'kind', "
                                   "e.g. {kind: llvm, mtriple: aarch64-linux-gnu, mcpu: cortex-a72}")
     choose(profile["runner"], RUNNERS, "runner", path)
-    toolchain = profile.setdefault("toolchain", {}) or {}
-    profile["toolchain"] = toolchain
+    toolchain = profile["toolchain"] = profile.get("toolchain") or {}
     choose(toolchain.setdefault("output", "shared"), OUTPUTS, "toolchain.output", path)
     for key in ("memory_mb", "memory_budget_mb"):
         value = profile.get(key)

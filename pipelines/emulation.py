@@ -22,6 +22,15 @@ DEBIAN = ["python3", "libstdc++6", "libgomp1"]
 WHEELS = ["apache-tvm", "apache-tvm-ffi", "numpy", "ml_dtypes", "typing_extensions"]
 
 
+def emulation_root(profile: dict) -> Path:
+    return Path(str(profile["emulation"]["root"])).expanduser()
+
+
+def root_is_ready(root: Path) -> bool:
+    """Whether ``root`` holds the device's python3 and TVM (what setup_root makes)."""
+    return (root / "usr/bin/python3").exists() and (root / "opt/pockengine/tvm").exists()
+
+
 def setup_root(profile: dict, root: Path) -> Path:
     source = f"{PROFILES.name}/{profile['name']}.yaml"
     arch = str(profile["target"].get("mtriple", "")).split("-")[0]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.config import PROFILES, ConfigError
+from pipelines.emulation import emulation_root, root_is_ready
 
 ON_DEVICE = Path(__file__).with_name("on_device.py")
 
@@ -90,10 +91,6 @@ def run_rpc(library: Path, args: list[np.ndarray], profile: dict, warmup: int,
     return _with_timeout(timeout, f"RPC run on {profile['remote']['key']!r}", remote_run)
 
 
-def emulation_root(profile: dict) -> Path:
-    return Path(str(profile["emulation"]["root"])).expanduser()
-
-
 def check_emulation(profile: dict) -> tuple[str, Path]:
     """qemu and the aarch64 root the profile names, or an error saying how to get them."""
     source = f"{PROFILES.name}/{profile['name']}.yaml"
@@ -102,7 +99,7 @@ def check_emulation(profile: dict) -> tuple[str, Path]:
         raise ConfigError(f"{source}: emulation.qemu={profile['emulation']['qemu']!r} is not on "
                           "PATH; install the Debian package qemu-user-static")
     root = emulation_root(profile)
-    if not (root / "usr/bin/python3").exists() or not (root / "opt/pockengine/tvm").exists():
+    if not root_is_ready(root):
         raise ConfigError(f"{source}: emulation.root={root} holds no emulation root (python3 "
                           f"and TVM for the device); make it with `pock emulation setup "
                           f"{profile['name']}`")

@@ -20,7 +20,7 @@ import sys
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.config import check_memory_budget, resolved_profile, run_stage
 from pipelines.ir import load_ir
-from stages.build.toolchain import check_toolchain, compile_step
+from stages.build.toolchain import compile_step
 
 OPTIMIZE = ARTIFACTS / "optimize"
 SIGNATURE = ARTIFACTS / "prune" / "signature.json"
@@ -30,7 +30,6 @@ def build(device: str) -> None:
     profile = resolved_profile(device)
     plan = json.loads((OPTIMIZE / "plan.json").read_text())
     recompute = check_memory_budget(plan, profile)
-    check_toolchain(profile)
     optimized = OPTIMIZE / ("train_step_recompute.json" if recompute else "train_step.json")
     with atomic_dir(ARTIFACTS / "build" / device) as tmp:
         built = compile_step(load_ir(optimized), profile, tmp)
