@@ -117,7 +117,8 @@ def cmd_bench(args) -> int:
 
 def cmd_setup(args) -> int:
     """Install what the configured devices need from Debian (cross compilers, qemu,
-    mmdebstrap; needs root) and make their emulation roots."""
+    mmdebstrap, the Docker engine; needs root), make their emulation roots and start dockerd
+    where none answers."""
     import shutil
 
     from pipelines.config import load_profile
@@ -131,6 +132,8 @@ def cmd_setup(args) -> int:
         if profile["runner"] == "emulated":
             needed.update({profile["emulation"]["qemu"]: "qemu-user-static",
                            "mmdebstrap": "mmdebstrap"})
+        if profile["runner"] == "docker":
+            needed.update({"dockerd": "docker.io", "mmdebstrap": "mmdebstrap"})
     packages = sorted({package for tool, package in needed.items() if not shutil.which(tool)})
     if packages:
         print(f"apt-get install {' '.join(packages)}")
@@ -146,6 +149,10 @@ def cmd_setup(args) -> int:
             root = emulation_root(profile)
             if not root_is_ready(root):
                 print(f"emulation root for {profile['name']}: {setup_root(profile, root)}")
+    if any(profile["runner"] == "docker" for profile in profiles):
+        from pipelines.images import start_engine
+
+        print(f"docker: {start_engine()}")
     return EXIT_OK
 
 

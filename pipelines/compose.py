@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pipelines.artifacts import write_text_atomic
 from pipelines.config import CONF, PARAMS, ConfigError, load_profile
+from pipelines.images import packageable
 
 
 def compose_text(overrides: list[str]) -> str:
@@ -26,6 +27,11 @@ def compose_text(overrides: list[str]) -> str:
         raise ConfigError(f"{CONF / 'config.yaml'}: devices={list(cfg.devices)} lacks 'host': "
                           "fine-tuning runs its build, and other devices' losses are checked "
                           "against it")
+    for device in cfg.package.devices:
+        if device not in cfg.devices:
+            raise ConfigError(f"{CONF / 'config.yaml'}: package.devices has {device!r}, which "
+                              f"is not built; allowed: devices={list(cfg.devices)}")
+        packageable(load_profile(device, profiles))
     return OmegaConf.to_yaml(cfg)
 
 

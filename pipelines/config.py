@@ -49,10 +49,11 @@ def available_profiles(overrides: dict | None = None) -> list[str]:
 
 
 PROFILE_KEYS = {"name", "description", "extends", "target", "host", "cores", "memory_mb",
-                "memory_budget_mb", "runner", "toolchain", "remote", "emulation"}
-# local: this machine; rpc: a TVM RPC tracker's server; emulated: qemu user mode here; none:
-# built only (nothing here reaches the device, or it links the archive itself).
-RUNNERS = {"local", "rpc", "emulated", "none"}
+                "memory_budget_mb", "runner", "toolchain", "remote", "emulation", "docker"}
+# local: this machine; rpc: a TVM RPC tracker's server; emulated: qemu user mode here; docker:
+# this machine's CPU in a container limited to the profile's cores and memory; none: built only
+# (nothing here reaches the device, or it links the archive itself).
+RUNNERS = {"local", "rpc", "emulated", "docker", "none"}
 # shared: a library linked here (.so); archive: object files the device links itself (.tar).
 OUTPUTS = {"shared", "archive"}
 
@@ -127,10 +128,20 @@ def load_profile(name: str, overrides: dict | None = None) -> dict:
     if profile["runner"] == "emulated":
         for key in ("emulation.qemu", "emulation.root"):
             require(profile, key, path)
-    if toolchain["output"] == "archive" and profile["runner"] in ("local", "emulated"):
+    if toolchain["output"] == "archive" and profile["runner"] in ("local", "emulated", "docker"):
         raise ConfigError(f"{path}: runner={profile['runner']!r} needs a library linked here, "
                           "but toolchain.output='archive'; allowed with an archive: "
                           "['none', 'rpc'] (the device links it)")
+    if profile["runner"] == "docker":
+        import platform
+
+        arch = str(profile["target"].get("mtriple", "")).split("-")[0]
+        if profile["target"]["kind"] != "llvm" or arch != platform.machine():
+            raise ConfigError(f"{path}: runner='docker' runs the build on this machine's CPU "
+                              f"({platform.machine()}), but target is {profile['target']}; "
+                              "allowed: an llvm target with mtriple "
+                              f"{platform.machine()}-linux-gnu (for another CPU: emulated, rpc "
+                              "or none)")
     return profile
 
 

@@ -16,8 +16,11 @@ from pathlib import Path
 
 from pipelines.config import PROFILES, ConfigError
 
-# target mtriple's architecture -> (Debian architecture, pip platform tags of its wheels)
-ARCHITECTURES = {"aarch64": ("arm64", ["manylinux_2_28_aarch64", "manylinux2014_aarch64"])}
+# target mtriple's architecture -> (Debian architecture, pip platform tags of its wheels).
+# Emulation needs a foreign one (aarch64); pipelines/images.py uses both.
+ARCHITECTURES = {"aarch64": ("arm64", ["manylinux_2_28_aarch64", "manylinux2014_aarch64"]),
+                 "x86_64": ("amd64", ["manylinux_2_28_x86_64", "manylinux2014_x86_64",
+                                      "manylinux_2_17_x86_64"])}
 DEBIAN = ["python3", "libstdc++6", "libgomp1"]
 WHEELS = ["apache-tvm", "apache-tvm-ffi", "numpy", "ml_dtypes", "typing_extensions"]
 
@@ -31,27 +34,47 @@ def root_is_ready(root: Path) -> bool:
     return (root / "usr/bin/python3").exists() and (root / "opt/pockengine/tvm").exists()
 
 
-def setup_root(profile: dict, root: Path) -> Path:
-    source = f"{PROFILES.name}/{profile['name']}.yaml"
-    arch = str(profile["target"].get("mtriple", "")).split("-")[0]
+def device_architecture(profile: dict, what: str) -> str:
+    """The profile's CPU architecture (from target.mtriple, or host.mtriple for a GPU), if
+    ``what`` (emulation, a container image) supports it."""
+    cpu = profile["host"] if profile.get("host") else profile["target"]
+    arch = str(cpu.get("mtriple", "")).split("-")[0]
     if arch not in ARCHITECTURES:
-        raise ConfigError(f"{source}: target.mtriple={profile['target'].get('mtriple')!r}; "
-                          f"emulation supports the architectures {sorted(ARCHITECTURES)}")
+        raise ConfigError(f"{PROFILES.name}/{profile['name']}.yaml: target.mtriple="
+                          f"{cpu.get('mtriple')!r}; {what} supports the architectures "
+                          f"{sorted(ARCHITECTURES)}")
+    return arch
+
+
+def debian_command(arch: str, output: Path) -> list[str]:
+    """mmdebstrap making a minimal Debian for ``arch`` at ``output`` (a directory or a .tar).
+    The extract variant only unpacks packages (no maintainer scripts), so a foreign
+    architecture needs no qemu to be made."""
     if shutil.which("mmdebstrap") is None:
         raise ConfigError("mmdebstrap is not on PATH; install the Debian package mmdebstrap")
-    debian_arch, platforms = ARCHITECTURES[arch]
+    return ["mmdebstrap", "--quiet", "--variant=extract",
+            f"--architectures={ARCHITECTURES[arch][0]}", f"--include={','.join(DEBIAN)}",
+            "bookworm", str(output)]
+
+
+def install_wheels(arch: str, target: Path) -> None:
+    """The device's wheels of TVM and numpy (versions installed here) into ``target``; not
+    byte-compiled, so the same wheels give the same files."""
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-compile", "--target", str(target), "--only-binary=:all:",
+                    "--implementation", "cp", "--python-version", python,
+                    *[f"--platform={p}" for p in ARCHITECTURES[arch][1]],
+                    *[f"{w}=={version(w)}" for w in WHEELS]], check=True)
+
+
+def setup_root(profile: dict, root: Path) -> Path:
+    arch = device_architecture(profile, "emulation")
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent) as tmp:  # all or nothing
         staging = Path(tmp) / "root"
-        subprocess.run(["mmdebstrap", "--quiet", "--variant=extract",
-                        f"--architectures={debian_arch}", f"--include={','.join(DEBIAN)}",
-                        "bookworm", str(staging)], check=True)
-        python = f"{sys.version_info.major}.{sys.version_info.minor}"
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                        "--target", str(staging / "opt/pockengine"), "--only-binary=:all:",
-                        "--implementation", "cp", "--python-version", python,
-                        *[f"--platform={p}" for p in platforms],
-                        *[f"{w}=={version(w)}" for w in WHEELS]], check=True)
+        subprocess.run(debian_command(arch, staging), check=True)
+        install_wheels(arch, staging / "opt/pockengine")
         if root.exists():
             shutil.rmtree(root)
         staging.rename(root)

@@ -37,16 +37,8 @@ class CompiledStep:
         self.function = self.vm["train_step"]
         self.state_names = self.signature["inputs"][2:]
         self.optimizer_state = self.signature["optimizer_state"]
-        self.state = {}
-        for name in self.state_names:
-            if name in self.optimizer_state:  # optimizer state starts at zero, as in torch.optim
-                info = self.optimizer_state[name]
-                # A channel-sparse parameter's state holds only its selected channels.
-                shape = info.get("shape", initial[info["param"]].shape if info["param"] else ())
-                value = np.zeros(shape, "float32")
-            else:
-                value = initial[name]
-            self.state[name] = tvm.runtime.tensor(np.array(value, order="C"), self.device)
+        self.state = {name: tvm.runtime.tensor(value, self.device)
+                      for name, value in initial_state(self.signature, initial).items()}
         # Output i (after the loss) is the new value of state entry updates[i].
         self.updates = [name.removeprefix("new_") for name in self.signature["outputs"][1:]]
 
@@ -112,6 +104,22 @@ class CompiledStep:
                               for i, slots in per_param.items()}
         optimizer.load_state_dict(state)
         return wrapper
+
+
+def initial_state(signature: dict, initial: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The step's state before its first call, by input name: ``initial``'s parameters and
+    buffers, and the optimizer state at zero, as in torch.optim."""
+    state = {}
+    for name in signature["inputs"][2:]:
+        if name in signature["optimizer_state"]:
+            info = signature["optimizer_state"][name]
+            # A channel-sparse parameter's state holds only its selected channels.
+            shape = info.get("shape", initial[info["param"]].shape if info["param"] else ())
+            value = np.zeros(shape, "float32")
+        else:
+            value = initial[name]
+        state[name] = np.array(value, order="C")
+    return state
 
 
 def selection_of(signature: dict) -> dict[str, dict | None]:

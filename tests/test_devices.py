@@ -37,7 +37,7 @@ from stages.prune.show import full_step
 MODEL = {"name": "llama_test", "arch": "llama", "vocab": 64, "dim": 32, "layers": 2, "heads": 2,
          "hidden": 48, "seq_len": 16, "batch_size": 2}
 OPT = {"name": "sgd", "lr": 0.5, "momentum": 0.9}
-SHIPPED = ["host", "rpi4", "jetson_orin", "android_sd8g2", "apple_m1"]
+SHIPPED = ["host", "rpi4", "jetson_orin", "android_sd8g2", "apple_m1", "edge_x86"]
 
 
 # --- profiles -----------------------------------------------------------------------------
@@ -207,9 +207,9 @@ def test_emulated_rpi4_step_matches_the_host_build(rpi4_build, host_run):
     except ConfigError as err:
         pytest.skip(str(err))
     _, args, want = host_run
-    got, times = run_emulated(rpi4_build[0], args, profile, warmup=1, steps=2)
+    got, times, info = run_emulated(rpi4_build[0], args, profile, warmup=1, steps=2)
     _assert_same_step(got, want)
-    assert len(times) == 2 and min(times) > 0
+    assert len(times) == 2 and min(times) > 0 and info["peak_rss_bytes"] > 0
 
 
 def test_emulation_without_a_root_says_how_to_make_one(tmp_path):
@@ -266,7 +266,7 @@ def _rpc_profile(tracker: str, key: str = "pock-test") -> dict:
 
 def test_rpc_loopback_step_matches_and_is_timed_on_the_server(host_run, tracker):
     directory, args, want = host_run
-    got, times = run_rpc(directory / "step.so", args, _rpc_profile(tracker), warmup=1, steps=3)
+    got, times, _ = run_rpc(directory / "step.so", args, _rpc_profile(tracker), warmup=1, steps=3)
     _assert_same_step(got, want)
     assert len(times) == 3 and min(times) > 0
 

@@ -5,10 +5,13 @@ Output: artifacts/benchmark/<device>.json (DVC metrics), by runner:
 - local: the compiled step against PyTorch on the same shapes, in one run: per case the median
   and p90 step time over ``benchmark.steps`` steps after ``benchmark.warmup``, peak resident
   memory above the process baseline, and the ratios compiled vs PyTorch;
-- rpc / emulated: one step on the device (a TVM RPC server; qemu user mode) checked against
-  the host build's step on the same arguments (loss and every updated tensor), then step
-  times: measured on the device by TVM's time_evaluator (rpc) or labelled ``emulated`` (never
-  compared with real timings);
+- rpc / emulated / docker: one step on the device (a TVM RPC server; qemu user mode; a
+  container limited to the profile's cores and memory) checked against the host build's step
+  on the same arguments (loss and every updated tensor), then step times: measured on the
+  device by TVM's time_evaluator (rpc), or labelled ``emulated`` or ``container`` (this
+  machine's cores, not the device's; never compared with real timings). ``verdict`` is ``ok``,
+  or ``out_of_memory`` when the step did not fit in the container's memory_mb: recorded, and
+  the stage succeeds (the device's answer, not a crash of the pipeline);
 - none: nothing here reaches the device; says so, and why.
 """
 from __future__ import annotations
@@ -66,7 +69,8 @@ def remote(device: str, params: dict, profile: dict) -> dict:
 
     from pipelines.step import CompiledStep, load_initial
     from stages.benchmark.cases import first_batch
-    from stages.benchmark.remote import run_emulated, run_rpc
+    from pipelines.images import OutOfMemory
+    from stages.benchmark.remote import run_docker, run_emulated, run_rpc
 
     build_dir, runner = ARTIFACTS / "build" / device, profile["runner"]
     built = json.loads((build_dir / "manifest.json").read_text())["params"]
@@ -74,20 +78,25 @@ def remote(device: str, params: dict, profile: dict) -> dict:
     host = CompiledStep(ARTIFACTS / "build" / "host", load_initial(spec["initial"]))
     args = host.arguments(*first_batch(spec["data"], spec["batch"]))
     want = [o.numpy() for o in host.function(*args)]
-    run = run_rpc if runner == "rpc" else run_emulated
-    got, times = run(build_dir / built["library"], [a.numpy() for a in args], profile,
-                     spec["warmup"], spec["steps"])
+    run = {"rpc": run_rpc, "emulated": run_emulated, "docker": run_docker}[runner]
+    try:
+        got, times, info = run(build_dir / built["library"], [a.numpy() for a in args],
+                               profile, spec["warmup"], spec["steps"])
+    except OutOfMemory as err:
+        return {"verdict": "out_of_memory", "memory_mb": profile["memory_mb"],
+                "reason": str(err).splitlines()[0]}
     worst = max(float(np.max(np.abs(g - w) / (ATOL + RTOL * np.abs(w))))
                 for g, w in zip(got, want))
     timing = {"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
               "steps": len(times)}
     return {
-        "loss": float(got[0]), "loss_host": float(want[0]),
+        "verdict": "ok", **info, "loss": float(got[0]), "loss_host": float(want[0]),
         # <= 1: every output within rtol 1e-4, atol 1e-5 of the host build's
         "matches_host": len(got) == len(want) and worst <= 1.0,
         "worst_diff_over_tolerance": worst,
-        # Emulated time is qemu's, not the device's: kept apart from real timings.
-        ("emulated" if runner == "emulated" else "compiled"): timing,
+        # Emulated time is qemu's and container time this machine's, not the device's: kept
+        # apart from real timings.
+        {"emulated": "emulated", "docker": "container"}.get(runner, "compiled"): timing,
     }
 
 
@@ -159,11 +168,14 @@ def summary(metrics: dict) -> str:
                 f"{metrics['compiled']['gflop_per_s']:.2f} GFLOP/s "
                 f"({metrics['compiled']['fraction_of_sgemm_peak']:.1%} of sgemm's "
                 f"{metrics['sgemm_peak_gflop_per_s']:.0f})")
-    timing = metrics.get("compiled") or metrics["emulated"]
+    if metrics["verdict"] == "out_of_memory":
+        return f"{device}: {metrics['runner']}, OUT OF MEMORY ({metrics['reason']})"
+    label = next(k for k in ("compiled", "emulated", "container") if k in metrics)
     return (f"{device}: {metrics['runner']}, loss {metrics['loss']:.6f} "
             f"{'matches' if metrics['matches_host'] else 'DOES NOT MATCH'} the host build's "
-            f"{metrics['loss_host']:.6f}; {timing['median_ms']:.2f} ms/step"
-            + (" (emulated, not the device's speed)" if "emulated" in metrics else ""))
+            f"{metrics['loss_host']:.6f}; {metrics[label]['median_ms']:.2f} ms/step"
+            + {"compiled": "", "emulated": " (emulated, not the device's speed)",
+               "container": " (in a container on this machine's cores)"}[label])
 
 
 if __name__ == "__main__":

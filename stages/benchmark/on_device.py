@@ -2,10 +2,12 @@
 
 Usage: python on_device.py LIBRARY INPUTS.npz OUTPUT.npz WARMUP STEPS
 INPUTS.npz holds the step's arguments in call order (arg_000, arg_001, ...); OUTPUT.npz gets
-the first step's outputs (out_000 = loss, then the new state) and ``times_ms``, one per timed
-step. Needs only numpy and TVM's runtime, so it runs where PyTorch does not: under qemu in an
-aarch64 root (the emulated runner), or on a board by hand.
+the first step's outputs (out_000 = loss, then the new state), ``times_ms``, one per timed
+step, and ``peak_rss_bytes``, the process's peak resident memory. Needs only numpy and TVM's
+runtime, so it runs where PyTorch does not: under qemu in an aarch64 root (the emulated runner),
+in a container of the runtime image (the docker runner), or on a board by hand.
 """
+import resource
 import sys
 import time
 
@@ -27,7 +29,8 @@ def run(library: str, inputs: str, output: str, warmup: int, steps: int) -> None
         vm["train_step"](*args)
         if i >= warmup:
             times.append((time.perf_counter() - start) * 1e3)
-    np.savez(output, times_ms=np.array(times), **results)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    np.savez(output, times_ms=np.array(times), peak_rss_bytes=np.array(peak), **results)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Running a built step off this process: on a TVM RPC server found through a tracker, or on an
-aarch64 root under qemu user mode. Both run one step on given arguments and return its outputs
-(compared with the host build's by the caller) and the time of later steps.
+"""Running a built step off this process: on a TVM RPC server found through a tracker, on an
+aarch64 root under qemu user mode, or in a container limited to the profile's cores and memory.
+Each runs one step on given arguments and returns its outputs (compared with the host build's by
+the caller), the time of later steps, and what else it learnt (peak memory, the image).
 
 Every call has a time limit: a missing tracker, key or root is named at once, and a device
 that stops answering ends in an error after ``timeout_s``, never a hang.
@@ -68,7 +69,7 @@ def rpc_session(profile: dict):
 
 
 def run_rpc(library: Path, args: list[np.ndarray], profile: dict, warmup: int,
-            steps: int) -> tuple[list[np.ndarray], list[float]]:
+            steps: int) -> tuple[list[np.ndarray], list[float], dict]:
     """Upload ``library``, run one step remotely and fetch its outputs, then time ``steps``
     steps with TVM's time_evaluator on the device (after ``warmup``)."""
     import tvm
@@ -85,7 +86,7 @@ def run_rpc(library: Path, args: list[np.ndarray], profile: dict, warmup: int,
         outputs = [o.numpy() for o in vm.get_outputs("train_step")]
         timer = vm.time_evaluator("invoke_stateful", device, number=1, repeat=warmup + steps)
         times = [t * 1e3 for t in timer("train_step").results][warmup:]
-        return outputs, times
+        return outputs, times, {}
 
     timeout = float(profile["remote"].get("timeout_s", 300))
     return _with_timeout(timeout, f"RPC run on {profile['remote']['key']!r}", remote_run)
@@ -106,8 +107,16 @@ def check_emulation(profile: dict) -> tuple[str, Path]:
     return qemu, root
 
 
+def _read_outputs(path: Path) -> tuple[list[np.ndarray], list[float], dict]:
+    """on_device.py's output file: the step's outputs, step times and peak memory."""
+    with np.load(path) as data:
+        results = [data[n] for n in sorted(data.files) if n.startswith("out_")]
+        return (results, [float(t) for t in data["times_ms"]],
+                {"peak_rss_bytes": int(data["peak_rss_bytes"])})
+
+
 def run_emulated(library: Path, args: list[np.ndarray], profile: dict, warmup: int,
-                 steps: int) -> tuple[list[np.ndarray], list[float]]:
+                 steps: int) -> tuple[list[np.ndarray], list[float], dict]:
     """Run on_device.py with the root's python under qemu user mode (-L makes the root the
     guest's /; paths outside it, such as this checkout, fall through to the host's)."""
     qemu, root = check_emulation(profile)
@@ -128,6 +137,29 @@ def run_emulated(library: Path, args: list[np.ndarray], profile: dict, warmup: i
                                "(emulation.timeout_s)") from err
         if run.returncode != 0:
             raise RuntimeError(f"emulated run of {library} failed:\n{run.stderr[-3000:]}")
-        with np.load(outputs) as data:
-            results = [data[n] for n in sorted(data.files) if n.startswith("out_")]
-            return results, [float(t) for t in data["times_ms"]]
+        return _read_outputs(outputs)
+
+
+def run_docker(library: Path, args: list[np.ndarray], profile: dict, warmup: int,
+               steps: int) -> tuple[list[np.ndarray], list[float], dict]:
+    """Run on_device.py in a container of the runtime image (Debian, TVM, numpy) limited to the
+    profile's cores and memory. Raises pipelines.images.OutOfMemory when the step does not fit."""
+    from pipelines.emulation import ARCHITECTURES, device_architecture
+    from pipelines.images import engine, ensure_image, run_limited, runtime_layers
+
+    client = engine()
+    arch = device_architecture(profile, "a container image")
+    image = ensure_image(client, arch, runtime_layers(arch), {},
+                         f"pockengine/runtime-{ARCHITECTURES[arch][0]}")
+    timeout = float((profile.get("docker") or {}).get("timeout_s", 900))
+    with tempfile.TemporaryDirectory() as tmp:
+        io = Path(tmp)
+        np.savez(io / "inputs.npz", **{f"arg_{i:03d}": a for i, a in enumerate(args)})
+        shutil.copy(ON_DEVICE, io / ON_DEVICE.name)
+        shutil.copy(library, io / "step.so")
+        run_limited(client, image["id"], ["python3", f"/io/{ON_DEVICE.name}", "/io/step.so",
+                                          "/io/inputs.npz", "/io/outputs.npz", str(warmup),
+                                          str(steps)],
+                    profile, {io: ("/io", "rw")}, timeout)
+        outputs, times, info = _read_outputs(io / "outputs.npz")
+    return outputs, times, {**info, "image": image["tag"], "image_id": image["id"]}

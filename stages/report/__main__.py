@@ -188,12 +188,17 @@ def device_table(devices: list[str]) -> list[str]:
         elif bench["runner"] == "local":
             ran, matches = "local", "(is the host)" if device == "host" else ""
             latency = f"{bench['compiled']['median_ms']:.2f} ms"
+        elif bench["verdict"] == "out_of_memory":
+            ran, matches = bench["runner"], ""
+            latency = f"out of memory ({bench['memory_mb']} MiB)"
         else:
             ran = bench["runner"]
             matches = (f"{'yes' if bench['matches_host'] else 'NO'} ({bench['loss']:.6f} vs "
                        f"{bench['loss_host']:.6f})")
             latency = (f"{bench['emulated']['median_ms']:.1f} ms emulated (qemu, not the "
                        "device's speed)" if "emulated" in bench
+                       else f"{bench['container']['median_ms']:.2f} ms in a container "
+                       "(this machine's cores)" if "container" in bench
                        else f"{bench['compiled']['median_ms']:.2f} ms")
         lines.append(f"| {device} | {kind} | {what} | {ran} | {matches} | {latency} |")
     return lines + [""]

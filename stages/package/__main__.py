@@ -1,0 +1,94 @@
+"""package@device: a runnable Docker image that fine-tunes the model on the device.
+
+Usage: python -m stages.package <device>   (devices in ``package.devices``)
+The image is the runtime (minimal Debian for the device's architecture, TVM and numpy:
+pipelines/images.py) plus an application layer, /app:
+- step.so and signature.json: the device's build of the compiled, sparse training step;
+- state.npz: the weights it starts from (the pre-trained model) and the optimizer state (zero);
+- package.json: model, scheme, device, batch size and the shapes the step takes;
+- finetune.py: the entrypoint (stages/package/entrypoint.py).
+  docker run --rm --network none -v $PWD/data:/data:ro -v $PWD/out:/out IMAGE --epochs 2
+fine-tunes on data/train.npz and writes out/weights.npz (PyTorch names), out/state.npz and
+out/log.json.
+Outputs (artifacts/package/<device>/): app.tar, the application layer (reproducible bytes), and
+image.json: the image ID (a hash of its content), its tag and layers, and how to run it. The
+image is loaded into the local Docker engine; an engine without it gets it rebuilt from the
+same layers, with the same ID.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from pipelines.artifacts import ARTIFACTS, atomic_dir, save_arrays, write_json_atomic
+from pipelines.config import ConfigError, load_params, require, resolved_profile, run_stage
+from pipelines.images import add_tree, engine, ensure_image, packageable, runtime_layers
+from pipelines.ir import dtype_of, load_ir, shape_of
+from pipelines.step import initial_state, load_initial
+
+ENTRYPOINT = Path(__file__).with_name("entrypoint.py")
+OPTIMIZE = ARTIFACTS / "optimize" / "train_step.json"
+INITIAL = ARTIFACTS / "lower" / "params.npz"
+
+
+def step_inputs(optimized: Path) -> dict:
+    """Shape and dtype of the step's data arguments (x, y), from the optimized IR."""
+    x, y = load_ir(optimized)["train_step"].params[:2]
+    return {name: {"shape": shape_of(p), "dtype": dtype_of(p)} for name, p in (("x", x), ("y", y))}
+
+
+def app_layer(build_dir: Path, initial: dict, about: dict, path: Path) -> None:
+    """The /app layer as a reproducible tar at ``path``."""
+    signature = json.loads((build_dir / "signature.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        app = Path(tmp)
+        (app / "step.so").write_bytes((build_dir / "step.so").read_bytes())
+        (app / "signature.json").write_bytes((build_dir / "signature.json").read_bytes())
+        (app / "finetune.py").write_bytes(ENTRYPOINT.read_bytes())
+        save_arrays(app / "state.npz", initial_state(signature, initial))
+        write_json_atomic(app / "package.json", about)
+        for file in app.iterdir():
+            file.chmod(0o644)
+        app.chmod(0o755)
+        with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+            add_tree(tar, app, "app")
+
+
+def make_package(device: str, profile: dict, build_dir: Path, initial: dict, about: dict,
+                 out_dir: Path) -> dict:
+    """app.tar and image.json for ``device`` in ``out_dir``; the image loaded in the engine."""
+    arch = packageable(profile)
+    client = engine()
+    app_layer(build_dir, initial, about, out_dir / "app.tar")
+    repository = f"pockengine/{about['model']}-{about['scheme']}-{device}".lower()
+    image = ensure_image(client, arch, [*runtime_layers(arch), out_dir / "app.tar"],
+                         {"Entrypoint": ["python3", "/app/finetune.py"], "WorkingDir": "/app"},
+                         repository)
+    image["run"] = (f"docker run --rm --network none -v $PWD/data:/data:ro -v $PWD/out:/out "
+                    f"{image['tag']} --epochs 1")
+    write_json_atomic(out_dir / "image.json", {**about, "image": image})
+    return image
+
+
+def main(device: str) -> None:
+    params = load_params()
+    profile = resolved_profile(device)
+    model = require(params, "model")
+    signature = json.loads((ARTIFACTS / "build" / device / "signature.json").read_text())
+    about = {"model": model["name"], "scheme": signature["scheme"], "device": device,
+             "batch_size": int(model["batch_size"]), "inputs": step_inputs(OPTIMIZE)}
+    if about["inputs"]["y"]["shape"] != [about["batch_size"]]:  # the entrypoint's data format
+        raise ConfigError(f"params.yaml: package.devices packages classification steps (one "
+                          f"label per example); model.name={model['name']!r} takes y of shape "
+                          f"{about['inputs']['y']['shape']}")
+    with atomic_dir(ARTIFACTS / "package" / device) as tmp:
+        image = make_package(device, profile, ARTIFACTS / "build" / device,
+                             load_initial(INITIAL), about, tmp)
+    print(f"package@{device}: {image['tag']} ({image['id']})\n  {image['run']}")
+
+
+if __name__ == "__main__":
+    run_stage(lambda: main(sys.argv[1]))
