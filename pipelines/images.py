@@ -246,6 +246,10 @@ def run_limited(client, image: str, command: list[str], profile: dict, mounts: d
     import requests
 
     cores, memory = int(profile["cores"]), int(profile["memory_mb"])
+    if cores > (os.cpu_count() or 1):
+        raise ConfigError(f"device_profiles/{profile['name']}.yaml: cores={cores}, but this "
+                          f"machine has {os.cpu_count()}; a container cannot be given more "
+                          f"(allowed: 1 to {os.cpu_count()})")
     container = client.containers.create(
         image, command, detach=True, network_mode="none", network_disabled=True,
         nano_cpus=cores * 10**9, cpuset_cpus=f"0-{cores - 1}",

@@ -7,15 +7,22 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+
+from pipelines.config import ConfigError
+from pipelines.images import engine
 
 ROOT = Path(__file__).resolve().parent.parent
 # Devices: the host, and a phone whose build is an archive it links itself (no toolchain or
 # emulation needed here; tests/test_devices.py covers those).
 SMALL = ["devices=[host,android_sd8g2]", "pretrain.epochs=1", "finetune.epochs=1", "benchmark.warmup=1", "benchmark.steps=3",
          "compare.schemes=[full,mbv2_channels]", "search.blocks.last=1", "search.steps=4"]
+# With a Docker engine: edge_x86 in a container given less memory than TVM's runtime needs (the
+# out-of-memory verdict), and the host's package image.
+DOCKER_SMALL = ["+profiles.edge_x86.memory_mb=48", "package.devices=[host]"]
 
 
 def run(cmd, cwd):
@@ -41,7 +48,15 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     (repo / "dvc.lock").unlink(missing_ok=True)
     run(["git", "init", "-q"], repo)
     compose = [sys.executable, "-m", "pipelines.cli", "compose"]
-    run(compose + SMALL, repo)
+    small = SMALL + DOCKER_SMALL
+    try:  # with a Docker engine: a box too small for the step, and the host's package
+        engine()
+        small[0] = small[0].replace("]", ",edge_x86]")
+    except ConfigError as err:
+        small[-2:] = ["package.devices=[]"]
+        warnings.warn(f"docker devices left out of the pipeline: {err}")
+    docker = "package.devices=[host]" in small
+    run(compose + small, repo)
 
     first = run(["dvc", "repro"], repo)
     assert {"data", "pretrain", "import", "lower", "autodiff", "sparse_prune", "optimize",
@@ -56,6 +71,14 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
                  "search/scheme.yaml", "search/contributions.json", "schemes/metrics.json",
                  "report.md", "plots/latency.svg", "plots/memory.json", "plots/finetune.svg"]:
         assert (repo / "artifacts" / path).is_file(), path
+    if docker:  # recorded, not a crash: the pipeline went on and the other devices ran
+        assert {"benchmark@edge_x86", "package@host"} <= ran_stages(first)
+        edge = json.loads((repo / "artifacts/benchmark/edge_x86.json").read_text())
+        assert edge["verdict"] == "out_of_memory" and edge["memory_mb"] == 48
+        assert "compiled" in json.loads((repo / "artifacts/benchmark/host.json").read_text())
+        assert "| edge_x86 |" in (repo / "artifacts/report.md").read_text()
+        assert "out of memory (48 MiB)" in (repo / "artifacts/report.md").read_text()
+        assert (repo / "artifacts/package/host/image.json").is_file()
 
     second = run(["dvc", "repro"], repo)
     assert ran_stages(second) == set()
@@ -67,7 +90,7 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     assert ran_stages(forced) == set(ir_stages)
     assert "up to date" in run(["dvc", "status"], repo)
 
-    run(compose + SMALL[:2] + ["finetune.epochs=2"] + SMALL[3:], repo)
+    run(compose + small[:2] + ["finetune.epochs=2"] + small[3:], repo)
     status = run(["dvc", "status"], repo)
     # The schemes stage fine-tunes every scheme with the same epochs: it depends on them too.
     assert re.findall(r"^(\S+):$", status, flags=re.M) == ["finetune", "schemes"]

@@ -94,7 +94,7 @@ def test_scheme_without_rules_is_rejected(layers):
 def test_unknown_device_lists_the_profiles():
     with pytest.raises(ConfigError) as err:
         load_profile("rpi9")
-    assert "'rpi9' has no profile; allowed: ['android_sd8g2', 'apple_m1', 'host'" in str(err.value)
+    assert "'rpi9' has no profile; allowed: ['android_sd8g2', 'apple_m1', 'edge_x86', 'host'" in str(err.value)
 
 
 def test_compose_rejects_unknown_scheme_and_device():
