@@ -75,7 +75,7 @@ def test_a_board_from_a_new_yaml_file(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"runner": "ssh"}, "runner='ssh' is not one of ['emulated', 'local', 'none', 'rpc']"),
+    ({"runner": "ssh"}, "runner='ssh' is not one of ['docker', 'emulated', 'local', 'none', 'rpc']"),
     ({"toolchain": {"output": "zip"}}, "toolchain.output='zip' is not one of ['archive', "),
     ({"speed": 3}, "unknown keys ['speed']"),
     ({"runner": "rpc", "remote": {"tracker": "somewhere", "key": "k"}},
