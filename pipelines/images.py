@@ -5,12 +5,12 @@ An image is a stack of layer tarballs:
    made by mmdebstrap with SOURCE_DATE_EPOCH fixed, so the same Debian packages give the same
    bytes;
 2. Python: the device's wheels of TVM and numpy at the versions installed here;
-3. for a package, the application (pipelines/packaging.py).
+3. for a package, the application (stages/package).
 Every layer is a deterministic tar (sorted names, zero times and owners) and the image config
 has fixed times, so the image ID, the sha256 of the config, is a hash of the content: the same
 inputs give the same ID, and the tag is derived from it. A stage records the ID beside its DVC
-outputs; an engine that lacks the image gets it rebuilt from the same layers, and the ID must
-come out the same.
+outputs; when the engine lacks the image, the stage that needs it loads it again from the same
+layers, and the ID must come out the same.
 
 The Debian and Python layers are cached under ~/.cache/pockengine/layers, keyed by what they
 are made from (architecture, packages, wheel versions).
@@ -31,8 +31,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 from pipelines.artifacts import sha256_file
-from pipelines.config import ConfigError
-from pipelines.emulation import ARCHITECTURES, DEBIAN, WHEELS, debian_command, install_wheels
+from pipelines.config import PROFILES, ConfigError
+from pipelines.emulation import (ARCHITECTURES, DEBIAN, WHEELS, debian_command,
+                                 device_architecture, install_wheels)
 
 CACHE = Path(os.environ.get("POCKENGINE_CACHE", "~/.cache/pockengine")).expanduser() / "layers"
 ENGINE_HELP = ("start one as root: `dockerd --storage-driver=vfs --iptables=false --bridge=none &` "
@@ -153,9 +154,6 @@ def python_layer(arch: str) -> Path:
 def packageable(profile: dict) -> str:
     """The architecture of the image that runs the profile's build, or a ConfigError: the image
     holds a shared library and TVM's CPU runtime."""
-    from pipelines.config import PROFILES
-    from pipelines.emulation import device_architecture
-
     source = f"{PROFILES.name}/{profile['name']}.yaml"
     if profile["toolchain"]["output"] != "shared" or profile["target"]["kind"] != "llvm":
         raise ConfigError(f"{source}: a container image runs a CPU build linked here (target "
@@ -183,10 +181,6 @@ def image_config(arch: str, layers: list[Path], config: dict) -> bytes:
                            "PYTHONDONTWRITEBYTECODE=1"], **config},
         "rootfs": {"type": "layers", "diff_ids": [diff_id(p) for p in layers]},
     }, sort_keys=True, separators=(",", ":")).encode()
-
-
-def image_id(arch: str, layers: list[Path], config: dict) -> str:
-    return "sha256:" + hashlib.sha256(image_config(arch, layers, config)).hexdigest()
 
 
 def ensure_image(client, arch: str, layers: list[Path], config: dict, repository: str) -> dict:

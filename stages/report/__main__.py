@@ -166,8 +166,29 @@ def render(params: dict) -> str:
         f"{tune['final_epoch_loss_pytorch']:.4f} |",
         "",
     ]
+    lines += kernel_profile(json.loads((ARTIFACTS / "profile" / "kernels.json").read_text()))
     lines += device_table(require(params, "devices"))
     return "\n".join(lines)
+
+
+def kernel_profile(profile: dict) -> list[str]:
+    """Where the host build's step spends its time (the profile stage)."""
+    def share(table: dict) -> str:
+        return ", ".join(f"{k} {v['ms_per_step']:.2f} ms ({v['share']:.0%})"
+                         for k, v in table.items())
+
+    lines = ["## Where the time goes (host build, kernel by kernel)", "",
+             f"{profile['calls_per_step']} VM calls per step take {profile['kernel_time_ms']:.2f} "
+             f"ms (the plain step: {profile['plain_step_ms']:.2f} ms). Timing every call costs "
+             f"about {profile['instrument_us_per_call']:.1f} µs per call, part of which lands "
+             "inside the timed calls: small calls, such as the VM's builtins, read high.", "",
+             f"- by phase: {share(profile['phases'])}",
+             f"- by kind: {share(profile['kinds'])}", "",
+             "| kernel | phase | kind | calls/step | ms/step | share |", "|---|---|---|---|---|---|"]
+    for row in profile["top_kernels"]:
+        lines.append(f"| `{row['kernel']}` | {row['phase']} | {row['kind']} | "
+                     f"{row['calls_per_step']} | {row['ms_per_step']:.3f} | {row['share']:.1%} |")
+    return lines + [""]
 
 
 def device_table(devices: list[str]) -> list[str]:

@@ -1,0 +1,146 @@
+"""profile: where the host build's step spends its time, kernel by kernel.
+
+Usage: python -m stages.profile
+The host build's step runs with a VM instrument that times every call the VM makes (each
+compiled kernel, and the VM's own builtins) over ``benchmark.steps`` steps after
+``benchmark.warmup``. Each call is put in a phase by its place in the step and its role:
+- forward: the calls up to the loss (the first ``nll_loss`` kernel);
+- update: calls after the loss whose result is a new parameter or optimizer state (the step's
+  outputs, found in the optimized IR; batch norm's running statistics are new state too, but
+  computed before the loss, so forward);
+- backward: the other calls after the loss.
+and in a kind by the operator its kernel name starts with (conv2d, its transpose, matmul,
+batch norm, reductions, elementwise, VM builtins).
+Output: artifacts/profile/kernels.json: per phase and per kind, ms per step and share; the top
+kernels; the instrumented step against the plain one (what the instrument itself costs).
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import defaultdict
+
+import numpy as np
+from tvm import relax
+
+from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic
+from pipelines.config import load_params, require, run_stage
+from pipelines.ir import load_ir
+from pipelines.step import CompiledStep, load_initial
+from stages.benchmark.cases import first_batch
+
+BUILD = ARTIFACTS / "build" / "host"
+OUT = ARTIFACTS / "profile"
+TOP = 15
+# kernel name -> kind: the first pattern found in the name decides (a fused kernel is named
+# after its operators, the first one leading)
+KINDS = [("^(fused_)?conv2d_transpose", "conv2d transpose (input gradient)"),
+         ("^(fused_)?conv2d", "conv2d"),
+         ("^(fused_)?matmul", "matmul"), ("batch_norm|variance|mean", "batch norm"),
+         ("softmax|nll_loss", "loss"), (r"^(fused_)?(multiply\d*_)?sum", "reduction"),
+         ("", "elementwise")]
+
+
+def kind_of(symbol: str) -> str:
+    if symbol.startswith("vm.builtin"):
+        return "VM builtins"
+    return next(kind for pattern, kind in KINDS if re.search(pattern, symbol))
+
+
+def update_kernels(optimized) -> set[str]:
+    """Names of the kernels whose results the step returns as new state (the updates; where
+    the optimize stage fused a weight gradient into its update, that kernel counts here)."""
+    func = load_ir(optimized)["train_step"]
+    returned = list(func.body.body.fields[1:])  # after the loss; by identity (names repeat)
+    return {binding.value.args[0].name_hint
+            for block in func.body.blocks for binding in block.bindings
+            if isinstance(binding.value, relax.Call)
+            and getattr(binding.value.op, "name", "") == "relax.call_tir"
+            and any(binding.var.same_as(var) for var in returned)}
+
+
+def profile_step(step: CompiledStep, args, warmup: int, steps: int) -> list[list[tuple]]:
+    """Per step, the VM's calls in order: (symbol, seconds)."""
+    calls, started = [], []
+
+    def instrument(func, symbol, before, ret, *rest):
+        if before:
+            started.append(time.perf_counter())
+        else:
+            calls.append((symbol, time.perf_counter() - started.pop()))
+        return 0  # go on as usual
+
+    step.vm.set_instrument(instrument)
+    per_step = []
+    for i in range(warmup + steps):
+        calls.clear()
+        step.function(*args)
+        if i >= warmup:
+            per_step.append(list(calls))
+    step.vm.set_instrument(None)
+    return per_step
+
+
+def main() -> None:
+    params = load_params()
+    bench, model = require(params, "benchmark"), require(params, "model")
+    warmup, steps = int(bench["warmup"]), int(bench["steps"])
+    step = CompiledStep(BUILD, load_initial(ARTIFACTS / "lower" / "params.npz"))
+    args = step.arguments(*first_batch(str(ARTIFACTS / "data" / "digits.npz"),
+                                       int(model["batch_size"])))
+    plain = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        step.function(*args)
+        if i >= warmup:
+            plain.append(time.perf_counter() - start)
+    instrumented_start = time.perf_counter()
+    per_step = profile_step(step, args, warmup, steps)
+    instrumented = (time.perf_counter() - instrumented_start) / (warmup + steps)
+    updates = update_kernels(ARTIFACTS / "optimize" / "train_step.json")
+
+    phases, kinds, kernels = defaultdict(float), defaultdict(float), defaultdict(float)
+    counts = defaultdict(int)
+    for calls in per_step:
+        loss_at = next(i for i, (s, _) in enumerate(calls) if "nll_loss" in s)
+        for index, (symbol, seconds) in enumerate(calls):
+            phase = ("forward" if index <= loss_at else
+                     "update" if symbol in updates else "backward")
+            phases[phase] += seconds
+            kinds[kind_of(symbol)] += seconds
+            kernels[(symbol, phase)] += seconds
+            counts[(symbol, phase)] += 1
+    n = len(per_step)
+    total = sum(phases.values()) / n
+
+    def table(values: dict) -> dict:
+        return {k: {"ms_per_step": v / n * 1e3, "share": v / n / total}
+                for k, v in sorted(values.items(), key=lambda kv: -kv[1])}
+
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:TOP]
+    result = {
+        "device": "host", "model": model["name"], "scheme": step.signature["scheme"],
+        "steps": n, "calls_per_step": len(per_step[0]),
+        "plain_step_ms": float(np.median(plain)) * 1e3,
+        "instrumented_step_ms": instrumented * 1e3,
+        "kernel_time_ms": total * 1e3,  # the sum of the calls' times
+        # The instrument is a Python callback: each timed call carries part of its cost, so
+        # small calls (the VM builtins) read high. Spread over the calls:
+        "instrument_us_per_call": (instrumented - float(np.median(plain))) / len(per_step[0])
+                                  * 1e6,
+        "phases": table(phases), "kinds": table(kinds),
+        "top_kernels": [{"kernel": symbol, "phase": phase, "kind": kind_of(symbol),
+                         "calls_per_step": counts[(symbol, phase)] // n,
+                         "ms_per_step": seconds / n * 1e3, "share": seconds / n / total}
+                        for (symbol, phase), seconds in top],
+    }
+    with atomic_dir(OUT) as tmp:
+        write_json_atomic(tmp / "kernels.json", result)
+    print(f"profile: {result['calls_per_step']} calls per step, {total * 1e3:.2f} ms in calls "
+          f"(plain step {result['plain_step_ms']:.2f} ms); "
+          + ", ".join(f"{k} {v['share']:.0%}" for k, v in result["phases"].items()))
+
+
+if __name__ == "__main__":
+    run_stage(main)
