@@ -143,12 +143,20 @@ def python_layer(arch: str) -> Path:
 
     def make(path: Path) -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            install_wheels(arch, Path(tmp))
+            site = Path(tmp)
+            install_wheels(arch, site)
+            # Console scripts carry the shebang of the interpreter pip ran under (this
+            # checkout's venv), so the layer would depend on where it was made; the image runs
+            # python3 itself. Left out, with their RECORD lines.
+            shutil.rmtree(site / "bin", ignore_errors=True)
+            for record in site.glob("*.dist-info/RECORD"):
+                lines = record.read_text().splitlines(keepends=True)
+                record.write_text("".join(l for l in lines if not l.startswith("../")))
             with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
-                add_tree(tar, Path(tmp), SITE)
+                add_tree(tar, site, SITE)
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return _cached(f"python-{arch}-{_key(python, wheels)}.tar", make)
+    return _cached(f"python-{arch}-{_key(python, wheels, 'no-scripts')}.tar", make)
 
 
 def packageable(profile: dict) -> str:

@@ -41,7 +41,7 @@ def client():
 
 @pytest.fixture(scope="module")
 def step():
-    """The mbv2 step with the paper's scheme, and the pre-trained-like state it starts from."""
+    """The mbv2 step with the paper's scheme, and the state it starts from (PyTorch's init)."""
     from pipelines.models import build_model
 
     layers, full, signature = full_step(MODEL, OPT)
@@ -54,9 +54,10 @@ def step():
     return optimize(pruned, sig, reorder=True), sig, initial
 
 
-def _build(step, device: str, directory, overrides=None) -> CompiledStep:
-    mod, sig, initial = step
-    compile_step(mod, load_profile(device, overrides or {}), directory)
+def _build(step, device: str, directory):
+    """``directory`` holding the step built for ``device``."""
+    mod, sig, _ = step
+    compile_step(mod, load_profile(device, {}), directory)
     (directory / "signature.json").write_text(json.dumps(sig))
     return directory
 
@@ -177,7 +178,8 @@ def test_packaged_image_names_bad_data(client, package, tmp_path):
 
 def test_runtime_layers_are_reproducible(client, monkeypatch, tmp_path):
     """Made again from scratch (mmdebstrap, pip), the Debian and Python layers are the same
-    bytes as the cached ones the images were built from."""
+    bytes as the cached ones the images were built from, wherever the checkout is (pip ran
+    under another interpreter path for the cached ones in CI's clean clone)."""
     import pipelines.images as images
 
     cached = images.runtime_layers("x86_64")

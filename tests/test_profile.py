@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-
 import yaml
 
 from pipelines.config import CONF, load_profile
