@@ -135,14 +135,19 @@ def load_profile(name: str, overrides: dict | None = None) -> dict:
     if profile["runner"] == "docker":
         import platform
 
-        arch = str(profile["target"].get("mtriple", "")).split("-")[0]
-        if profile["target"]["kind"] != "llvm" or arch != platform.machine():
+        if profile["target"]["kind"] != "llvm" or cpu_architecture(profile) != platform.machine():
             raise ConfigError(f"{path}: runner='docker' runs the build on this machine's CPU "
                               f"({platform.machine()}), but target is {profile['target']}; "
                               "allowed: an llvm target with mtriple "
                               f"{platform.machine()}-linux-gnu (for another CPU: emulated, rpc "
                               "or none)")
     return profile
+
+
+def cpu_architecture(profile: dict) -> str:
+    """The device CPU's architecture: target.mtriple's, or host.mtriple's for a GPU target."""
+    cpu = profile["host"] if profile.get("host") else profile["target"]
+    return str(cpu.get("mtriple", "")).split("-")[0]
 
 
 def resolved_profile(name: str) -> dict:

@@ -14,7 +14,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from pipelines.config import PROFILES, ConfigError
+from pipelines.config import PROFILES, ConfigError, cpu_architecture
 
 # target mtriple's architecture -> (Debian architecture, pip platform tags of its wheels).
 # Emulation needs a foreign one (aarch64); pipelines/images.py uses both.
@@ -37,12 +37,10 @@ def root_is_ready(root: Path) -> bool:
 def device_architecture(profile: dict, what: str) -> str:
     """The profile's CPU architecture (from target.mtriple, or host.mtriple for a GPU), if
     ``what`` (emulation, a container image) supports it."""
-    cpu = profile["host"] if profile.get("host") else profile["target"]
-    arch = str(cpu.get("mtriple", "")).split("-")[0]
+    arch = cpu_architecture(profile)
     if arch not in ARCHITECTURES:
-        raise ConfigError(f"{PROFILES.name}/{profile['name']}.yaml: target.mtriple="
-                          f"{cpu.get('mtriple')!r}; {what} supports the architectures "
-                          f"{sorted(ARCHITECTURES)}")
+        raise ConfigError(f"{PROFILES.name}/{profile['name']}.yaml: the CPU's mtriple gives "
+                          f"{arch!r}; {what} supports the architectures {sorted(ARCHITECTURES)}")
     return arch
 
 

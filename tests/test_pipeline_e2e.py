@@ -48,14 +48,14 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     (repo / "dvc.lock").unlink(missing_ok=True)
     run(["git", "init", "-q"], repo)
     compose = [sys.executable, "-m", "pipelines.cli", "compose"]
-    small = SMALL + DOCKER_SMALL
     try:  # with a Docker engine: a box too small for the step, and the host's package
         engine()
-        small[0] = small[0].replace("]", ",edge_x86]")
+        docker = True
     except ConfigError as err:
-        small[-2:] = ["package.devices=[]"]
+        docker = False
         warnings.warn(f"docker devices left out of the pipeline: {err}")
-    docker = "package.devices=[host]" in small
+    small = ([SMALL[0].replace("]", ",edge_x86]"), *SMALL[1:], *DOCKER_SMALL] if docker
+             else [*SMALL, "package.devices=[]"])
     run(compose + small, repo)
 
     first = run(["dvc", "repro"], repo)

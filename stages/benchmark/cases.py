@@ -17,6 +17,19 @@ def first_batch(data_path: str, batch: int):
                 np.ascontiguousarray(data["finetune_train_y"][:batch]))
 
 
+def step_times(step, warmup: int, steps: int) -> list[float]:
+    """Milliseconds of each of ``steps`` calls of ``step()``, after ``warmup`` untimed ones:
+    the one wall-clock loop every timing here uses."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
 def run_case(case: str, spec: dict) -> dict:
     os.environ["TVM_NUM_THREADS"] = str(spec["cores"])
     import torch
@@ -52,14 +65,8 @@ def run_case(case: str, spec: dict) -> dict:
 
     # The same wall-clock loop for every case; the peak counts from before the first step,
     # because warm-up allocates too.
-    times = []
     with PeakRSS() as peak:
-        for _ in range(warmup):
-            step()
-        for _ in range(steps):
-            start = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - start) * 1e3)
+        times = step_times(step, warmup, steps)
     return {"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
             "peak_rss_bytes": peak.above_baseline_bytes, "steps": len(times)}
 

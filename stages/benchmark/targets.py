@@ -10,46 +10,38 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-import tvm
 
 from pipelines.artifacts import ARTIFACTS
-from pipelines.config import load_params
+from pipelines.config import load_params, load_profile
 from pipelines.ir import load_ir
 from pipelines.step import CompiledStep, load_initial
-from stages.benchmark.cases import first_batch
+from stages.benchmark.cases import first_batch, step_times
+from stages.build.toolchain import compile_step
 
 
 def main(mcpus: list[str], rounds: int = 5, steps: int = 20) -> None:
     mod = load_ir(ARTIFACTS / "optimize" / "train_step.json")
     initial = load_initial(ARTIFACTS / "lower" / "params.npz")
-    batch = int(load_params()["model"]["batch_size"])
-    x, y = first_batch(str(ARTIFACTS / "data" / "digits.npz"), batch)
+    x, y = first_batch(str(ARTIFACTS / "data" / "digits.npz"),
+                       int(load_params()["model"]["batch_size"]))
     with tempfile.TemporaryDirectory() as tmp:
         built = {}
-        for mcpu in mcpus:
+        for mcpu in mcpus:  # the host profile with only -mcpu changed, built as build@host does
             directory = Path(tmp) / mcpu
             directory.mkdir()
-            target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu",
-                                        "mcpu": mcpu})
-            tvm.compile(mod, target=target).export_library(str(directory / "step.so"))
+            compile_step(mod, load_profile("host", {"host": {"target": {"mcpu": mcpu}}}),
+                         directory)
             shutil.copy(ARTIFACTS / "prune" / "signature.json", directory / "signature.json")
             built[mcpu] = CompiledStep(directory, initial)
         medians = {mcpu: [] for mcpu in mcpus}
         for _ in range(rounds):
             for mcpu, step in built.items():
                 args = step.arguments(x, y)
-                for _ in range(3):
-                    step.function(*args)
-                times = []
-                for _ in range(steps):
-                    start = time.perf_counter()
-                    step.function(*args)
-                    times.append(time.perf_counter() - start)
-                medians[mcpu].append(float(np.median(times)) * 1e3)
+                medians[mcpu].append(float(np.median(
+                    step_times(lambda: step.function(*args), 3, steps))))
     for mcpu, values in medians.items():
         print(f"{mcpu:>12}: median of rounds {np.median(values):.2f} ms/step "
               f"(rounds: {' '.join(f'{v:.2f}' for v in values)})")

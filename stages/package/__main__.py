@@ -18,6 +18,7 @@ same layers, with the same ID.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -45,9 +46,10 @@ def app_layer(build_dir: Path, initial: dict, about: dict, path: Path) -> None:
     signature = json.loads((build_dir / "signature.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         app = Path(tmp)
-        (app / "step.so").write_bytes((build_dir / "step.so").read_bytes())
-        (app / "signature.json").write_bytes((build_dir / "signature.json").read_bytes())
-        (app / "finetune.py").write_bytes(ENTRYPOINT.read_bytes())
+        for source, name in ((build_dir / "step.so", "step.so"),
+                             (build_dir / "signature.json", "signature.json"),
+                             (ENTRYPOINT, "finetune.py")):
+            shutil.copyfile(source, app / name)
         save_arrays(app / "state.npz", initial_state(signature, initial))
         write_json_atomic(app / "package.json", about)
         for file in app.iterdir():

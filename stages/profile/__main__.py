@@ -28,7 +28,7 @@ from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic
 from pipelines.config import load_params, require, run_stage
 from pipelines.ir import load_ir
 from pipelines.step import CompiledStep, load_initial
-from stages.benchmark.cases import first_batch
+from stages.benchmark.cases import first_batch, step_times
 
 BUILD = ARTIFACTS / "build" / "host"
 OUT = ARTIFACTS / "profile"
@@ -60,9 +60,11 @@ def update_kernels(optimized) -> set[str]:
             and any(binding.var.same_as(var) for var in returned)}
 
 
-def profile_step(step: CompiledStep, args, warmup: int, steps: int) -> list[list[tuple]]:
-    """Per step, the VM's calls in order: (symbol, seconds)."""
-    calls, started = [], []
+def profile_step(step: CompiledStep, args, warmup: int,
+                 steps: int) -> tuple[list[list[tuple]], list[float]]:
+    """Per timed step, the VM's calls in order, (symbol, seconds); and each instrumented step's
+    time (ms)."""
+    calls, started, per_step = [], [], []
 
     def instrument(func, symbol, before, ret, *rest):
         if before:
@@ -71,15 +73,15 @@ def profile_step(step: CompiledStep, args, warmup: int, steps: int) -> list[list
             calls.append((symbol, time.perf_counter() - started.pop()))
         return 0  # go on as usual
 
-    step.vm.set_instrument(instrument)
-    per_step = []
-    for i in range(warmup + steps):
+    def one_step():
         calls.clear()
         step.function(*args)
-        if i >= warmup:
-            per_step.append(list(calls))
+        per_step.append(list(calls))
+
+    step.vm.set_instrument(instrument)
+    times = step_times(one_step, warmup, steps)
     step.vm.set_instrument(None)
-    return per_step
+    return per_step[warmup:], times
 
 
 def main() -> None:
@@ -89,15 +91,9 @@ def main() -> None:
     step = CompiledStep(BUILD, load_initial(ARTIFACTS / "lower" / "params.npz"))
     args = step.arguments(*first_batch(str(ARTIFACTS / "data" / "digits.npz"),
                                        int(model["batch_size"])))
-    plain = []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        step.function(*args)
-        if i >= warmup:
-            plain.append(time.perf_counter() - start)
-    instrumented_start = time.perf_counter()
-    per_step = profile_step(step, args, warmup, steps)
-    instrumented = (time.perf_counter() - instrumented_start) / (warmup + steps)
+    plain = float(np.median(step_times(lambda: step.function(*args), warmup, steps)))
+    per_step, times = profile_step(step, args, warmup, steps)
+    instrumented = float(np.median(times))
     updates = update_kernels(ARTIFACTS / "optimize" / "train_step.json")
 
     phases, kinds, kernels = defaultdict(float), defaultdict(float), defaultdict(float)
@@ -122,13 +118,12 @@ def main() -> None:
     result = {
         "device": "host", "model": model["name"], "scheme": step.signature["scheme"],
         "steps": n, "calls_per_step": len(per_step[0]),
-        "plain_step_ms": float(np.median(plain)) * 1e3,
-        "instrumented_step_ms": instrumented * 1e3,
+        "plain_step_ms": plain,
+        "instrumented_step_ms": instrumented,
         "kernel_time_ms": total * 1e3,  # the sum of the calls' times
         # The instrument is a Python callback: each timed call carries part of its cost, so
         # small calls (the VM builtins) read high. Spread over the calls:
-        "instrument_us_per_call": (instrumented - float(np.median(plain))) / len(per_step[0])
-                                  * 1e6,
+        "instrument_us_per_call": (instrumented - plain) / len(per_step[0]) * 1e3,
         "phases": table(phases), "kinds": table(kinds),
         "top_kernels": [{"kernel": symbol, "phase": phase, "kind": kind_of(symbol),
                          "calls_per_step": counts[(symbol, phase)] // n,
