@@ -32,6 +32,11 @@ def compose_text(overrides: list[str]) -> str:
             raise ConfigError(f"{CONF / 'config.yaml'}: package.devices has {device!r}, which "
                               f"is not built; allowed: devices={list(cfg.devices)}")
         packageable(load_profile(device, profiles))
+    steps = cfg.package.get("trial_steps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ConfigError(f"{CONF / 'config.yaml'}: package.trial_steps={steps!r}; allowed: an "
+                          "integer >= 1 (batches the packaged image fine-tunes on, within the "
+                          "device's limits)")
     return OmegaConf.to_yaml(cfg)
 
 

@@ -171,6 +171,14 @@ def packageable(profile: dict) -> str:
     return device_architecture(profile, "a container image")
 
 
+def runs_here(arch: str) -> str | None:
+    """None if this machine runs images of ``arch`` natively, else why not."""
+    machine = os.uname().machine
+    return None if arch == machine else (
+        f"the {ARCHITECTURES[arch][0]} image is built, not run: this machine ({machine}) runs "
+        "containers of its own architecture only")
+
+
 def runtime_layers(arch: str) -> list[Path]:
     """Debian and Python layers for a device of architecture ``arch`` (target mtriple's)."""
     if arch not in ARCHITECTURES:

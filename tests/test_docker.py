@@ -4,7 +4,8 @@
   runtime image and gives the local run's loss and updated weights;
 - a profile with too little memory is killed for memory, which the runner reports as such;
 - the packaged image fine-tunes on a tiny mounted data directory; its weights load into the
-  PyTorch model and equal the local compiled step's after the same steps;
+  PyTorch model and equal the local compiled step's after the same steps; the package stage's
+  trial runs it within the device's limits (ok, or out of memory);
 - layers and image IDs are reproducible; a missing engine and unpackageable devices are named.
 The tests that need an engine skip, with the reason, only where none answers (.ci/run starts
 one).
@@ -176,6 +177,24 @@ def test_packaged_image_names_bad_data(client, package, tmp_path):
     assert not list(out.iterdir())
 
 
+def test_package_trial_runs_within_the_device_limits(package, step, host_build):
+    """The stage's trial: the image as shipped fine-tunes within the profile's cores and memory
+    and gives the build's losses; too little memory is a verdict, not a failure; an image this
+    machine cannot run is said to be not run."""
+    from stages.package.__main__ import trial
+
+    x, y = _batches(16)
+    result = trial(package[0], load_profile("host", {}), host_build, step[2], x, y, 8)
+    assert result["verdict"] == "ok" and result["steps"] == 2
+    assert 0 < result["peak_rss_bytes"] < 24576 * 2**20
+    assert 0 < result["ms_per_step"] * 2 < 1000 * result["container_seconds"]  # within the run
+    small = load_profile("edge_x86", {"edge_x86": {"memory_mb": 48}})
+    assert trial(package[0], small, host_build, step[2], x, y, 8) == {
+        "verdict": "out_of_memory", "cores": 2, "memory_mb": 48}
+    arm = trial(package[0], load_profile("rpi4", {}), host_build, step[2], x, y, 8)
+    assert arm["verdict"] == "not_run" and "arm64 image is built, not run" in arm["reason"]
+
+
 def test_runtime_layers_are_reproducible(client, monkeypatch, tmp_path):
     """Made again from scratch (mmdebstrap, pip), the Debian and Python layers are the same
     bytes as the cached ones the images were built from, wherever the checkout is (pip ran
@@ -207,6 +226,8 @@ def test_only_cpu_builds_linked_here_are_packaged():
         packageable(load_profile("android_sd8g2", {}))
     with pytest.raises(ConfigError, match="package.devices has 'edge_x86', which is not built"):
         compose_text(["devices=[host]", "package.devices=[edge_x86]"])
+    with pytest.raises(ConfigError, match="package.trial_steps=0; allowed: an integer >= 1"):
+        compose_text(["package.trial_steps=0"])
 
 
 def test_docker_runner_refuses_another_cpu():

@@ -79,6 +79,8 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
         assert "| edge_x86 |" in (repo / "artifacts/report.md").read_text()
         assert "out of memory (48 MiB)" in (repo / "artifacts/report.md").read_text()
         assert (repo / "artifacts/package/host/image.json").is_file()
+        trial = json.loads((repo / "artifacts/package/host.json").read_text())["trial"]
+        assert trial["verdict"] == "ok" and trial["steps"] == 4  # within host's limits
 
     second = run(["dvc", "repro"], repo)
     assert ran_stages(second) == set()

@@ -10,13 +10,16 @@ then writes into OUT, each file complete or not at all:
 - weights.npz: parameters and buffers under their PyTorch state_dict names;
 - state.npz: the whole training state (weights and optimizer state) under the step's input
   names; pass it as --state to go on where this run stopped;
-- log.json: the loss of every step.
+- log.json: the loss of every step, the seconds the steps took and the process's peak
+  resident memory.
 Needs only numpy and TVM's runtime (the image has no PyTorch).
 """
 import argparse
 import json
 import os
+import resource
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +80,7 @@ def main() -> None:
             fail(f"{args.state}: no value for {missing[:5]}")
         state = {n: tvm.runtime.tensor(saved[n], device) for n in names}
     updates = [n.removeprefix("new_") for n in signature["outputs"][1:]]
-    rng, losses = np.random.default_rng(args.seed), []
+    rng, losses, began = np.random.default_rng(args.seed), [], time.perf_counter()
     for epoch in range(args.epochs):
         order = rng.permutation(len(x))
         for start in range(0, len(x) - batch + 1, batch):
@@ -91,14 +94,16 @@ def main() -> None:
         print(f"epoch {epoch + 1}/{args.epochs}: mean loss "
               f"{np.mean(losses[-(len(x) // batch):]):.4f}", flush=True)
 
+    seconds = time.perf_counter() - began
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     arrays = {n: v.numpy() for n, v in state.items()}
     torch_names = signature["torch_names"]
     save_atomic(args.out / "weights.npz", lambda h: np.savez(
         h, **{torch_names[n]: v for n, v in arrays.items() if n in torch_names}))
     save_atomic(args.out / "state.npz", lambda h: np.savez(h, **arrays))
     save_atomic(args.out / "log.json", lambda h: h.write(json.dumps(
-        {"epochs": args.epochs, "seed": args.seed, "steps": len(losses), "losses": losses},
-        indent=1).encode()))
+        {"epochs": args.epochs, "seed": args.seed, "steps": len(losses), "seconds": seconds,
+         "peak_rss_bytes": peak, "losses": losses}, indent=1).encode()))
     print(f"wrote {args.out}/weights.npz, state.npz and log.json ({len(losses)} steps)")
 
 
