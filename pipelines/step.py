@@ -14,6 +14,8 @@ import torch
 import tvm
 from tvm import relax
 
+from pipelines.schedules import schedule_cpu_kernels
+
 
 LIBRARY, SIGNATURE = "step.so", "signature.json"
 
@@ -21,6 +23,9 @@ LIBRARY, SIGNATURE = "step.so", "signature.json"
 def save_step(mod: tvm.IRModule, signature: dict, target, directory: Path) -> None:
     """Compile ``mod`` for ``target`` into ``directory`` with its signature beside it."""
     directory = Path(directory)
+    if tvm.target.Target(target).kind.name == "llvm":
+        mod = mod.clone()  # scheduled in a copy: the caller's module stays as it was
+        schedule_cpu_kernels(mod)
     tvm.compile(mod, target=target).export_library(str(directory / LIBRARY))
     (directory / SIGNATURE).write_text(json.dumps(signature))
 

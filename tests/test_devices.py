@@ -167,7 +167,7 @@ def test_jetson_build_carries_nvcc_compiled_kernels(step, tmp_path):
     assert built["cuda"]["arch"] == "sm_87" and built["cuda"]["fatbin_bytes"] > 0
     assert b"\x50\xed\x55\xba" in data  # fatbin magic: kernels compiled here, not source
     assert b"__global__" not in data
-    assert sum(built["gpu_kernel_schedules"].values()) > 0
+    assert sum(built["kernel_schedules"].values()) > 0
 
 
 def test_android_adreno_opencl_build_is_an_archive_with_the_kernels(step, tmp_path):
@@ -177,7 +177,7 @@ def test_android_adreno_opencl_build_is_an_archive_with_the_kernels(step, tmp_pa
     profile.update(target={"kind": "opencl", "device": "adreno"},
                    host=dict(profile["target"]))
     built = compile_step(step[0], profile, tmp_path)
-    assert built["library"] == "step.tar" and sum(built["gpu_kernel_schedules"].values()) > 0
+    assert built["library"] == "step.tar" and sum(built["kernel_schedules"].values()) > 0
     with tarfile.open(tmp_path / "step.tar") as tar:
         blobs = b"".join(tar.extractfile(m).read() for m in tar.getmembers())
     assert b"__kernel void" in blobs

@@ -20,6 +20,7 @@ import tvm
 
 from pipelines.config import PROFILES, ConfigError, tvm_target
 from stages.build.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
+from pipelines.schedules import schedule_cpu_kernels
 from stages.build.gpu import GPU_KINDS, gpu_pipeline
 
 LIBRARY = {"shared": "step.so", "archive": "step.tar"}
@@ -54,7 +55,11 @@ def compile_step(mod: tvm.IRModule, profile: dict, directory: Path) -> dict:
     check_toolchain(profile)
     target = tvm_target(profile)
     toolchain, kernels, cuda = profile["toolchain"], Counter(), {}
-    pipeline = gpu_pipeline(target, kernels) if target.kind.name in GPU_KINDS else "default"
+    if target.kind.name in GPU_KINDS:
+        pipeline = gpu_pipeline(target, kernels)
+    else:  # the CPU kernels are scheduled here (pipelines/schedules.py), in a copy
+        mod, pipeline = mod.clone(), "default"
+        kernels = schedule_cpu_kernels(mod)
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
     library = Path(directory) / LIBRARY[toolchain["output"]]
     options = {}
@@ -72,7 +77,7 @@ def compile_step(mod: tvm.IRModule, profile: dict, directory: Path) -> dict:
         "library": library.name, "library_bytes": library.stat().st_size,
         "output": toolchain["output"], "cc": toolchain.get("cc") or "TVM default (g++)",
         "links_on_device": toolchain["output"] == "archive",
-        "target": str(target), **({"gpu_kernel_schedules": dict(sorted(kernels.items()))}
-                                  if kernels else {}),
+        "target": str(target),
+        **({"kernel_schedules": dict(sorted(kernels.items()))} if kernels else {}),
         **({"cuda": cuda} if cuda else {}),
     }

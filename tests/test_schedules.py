@@ -1,0 +1,48 @@
+"""Default CPU schedules (pipelines/schedules.py): kernels become parallel and vector-friendly,
+and compute what the unscheduled kernels compute."""
+import numpy as np
+import tvm
+from tvm import relax
+
+from pipelines.ir import tensor_type
+from pipelines.schedules import schedule_cpu_kernels
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+
+
+def _module() -> tvm.IRModule:
+    """A conv2d with a bias-add epilogue, a matrix product and a sum: reduction kernels with
+    padding and epilogues to inline, and an elementwise one."""
+    x = relax.Var("x", tensor_type([4, 8, 6, 6], "float32"))
+    w = relax.Var("w", tensor_type([24, 8, 3, 3], "float32"))
+    b = relax.Var("b", tensor_type([1, 24, 1, 1], "float32"))
+    m = relax.Var("m", tensor_type([24, 40], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b, m]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(relax.op.nn.conv2d(x, w, padding=1), b))
+            z = bb.emit(relax.op.matmul(relax.op.sum(y, axis=[2, 3]), m))
+            out = bb.emit_output(relax.op.multiply(z, z))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    mod = relax.transform.AnnotateTIROpPattern()(mod)
+    return relax.transform.FuseTIR()(relax.transform.FuseOps()(mod))
+
+
+def _run(mod: tvm.IRModule, args: list[np.ndarray]) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+def test_scheduled_kernels_compute_the_same():
+    mod = _module()
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype("float32")
+            for s in ([4, 8, 6, 6], [24, 8, 3, 3], [1, 24, 1, 1], [24, 40])]
+    want = _run(mod, args)
+    scheduled = mod.clone()
+    taken = schedule_cpu_kernels(scheduled)
+    assert taken["reduction"] >= 2 and not taken["skipped"], taken
+    assert "T.parallel" in scheduled.script() and "T.parallel" not in mod.script()
+    np.testing.assert_allclose(_run(scheduled, args), want, rtol=1e-5, atol=1e-5)
+    assert schedule_cpu_kernels(scheduled) == {}  # scheduled kernels are left alone
