@@ -23,8 +23,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import tvm
-from tvm import relax
+
+# One TVM thread per CPU this container may use (TVM would count the host's CPUs).
+os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+import tvm  # noqa: E402
+from tvm import relax  # noqa: E402
 
 APP = Path(__file__).resolve().parent
 
