@@ -52,11 +52,12 @@ def _schedule_block(sch: s_tir.Schedule, block) -> str:
     wide = [i for i, extent in enumerate(extents) if extent > 1]
     if not wide:
         return "scalar"
-    inner = spatial[wide[-1]]
-    outer = spatial[:wide[-1]] + spatial[wide[-1] + 1:]
-    if extents[wide[-1]] > VECTOR:
+    last = wide[-1]
+    before, inner, after = spatial[:last], spatial[last], spatial[last + 1:]
+    if extents[last] > VECTOR:
         split_outer, inner = sch.split(inner, [None, VECTOR])
-        outer = spatial[:wide[-1]] + [split_outer] + spatial[wide[-1] + 1:]
+        before = before + [split_outer]
+    outer = before + after
     sch.reorder(*outer, *reduction, inner)
     if outer:
         fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
@@ -90,3 +91,13 @@ def schedule_cpu_kernels(mod: tvm.IRModule) -> Counter:
                 taken["skipped"] += 1
         mod[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
     return taken
+
+
+def with_cpu_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModule,
+                                                                              Counter]:
+    """For an llvm target, a copy of ``mod`` with its kernels scheduled, and how many each
+    outcome had; for other targets ``mod`` itself (GPU kernels: stages/build/gpu.py)."""
+    if target.kind.name != "llvm":
+        return mod, Counter()
+    scheduled = mod.clone()
+    return scheduled, schedule_cpu_kernels(scheduled)

@@ -15,7 +15,7 @@ import torch
 import tvm
 from tvm import relax
 
-from pipelines.schedules import schedule_cpu_kernels
+from pipelines.schedules import with_cpu_schedules
 
 
 LIBRARY, SIGNATURE = "step.so", "signature.json"
@@ -28,9 +28,7 @@ os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 def save_step(mod: tvm.IRModule, signature: dict, target, directory: Path) -> None:
     """Compile ``mod`` for ``target`` into ``directory`` with its signature beside it."""
     directory = Path(directory)
-    if tvm.target.Target(target).kind.name == "llvm":
-        mod = mod.clone()  # scheduled in a copy: the caller's module stays as it was
-        schedule_cpu_kernels(mod)
+    mod, _ = with_cpu_schedules(mod, tvm.target.Target(target))
     tvm.compile(mod, target=target).export_library(str(directory / LIBRARY))
     (directory / SIGNATURE).write_text(json.dumps(signature))
 

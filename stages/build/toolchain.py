@@ -19,8 +19,8 @@ from pathlib import Path
 import tvm
 
 from pipelines.config import PROFILES, ConfigError, tvm_target
+from pipelines.schedules import with_cpu_schedules
 from stages.build.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
-from pipelines.schedules import schedule_cpu_kernels
 from stages.build.gpu import GPU_KINDS, gpu_pipeline
 
 LIBRARY = {"shared": "step.so", "archive": "step.tar"}
@@ -57,9 +57,8 @@ def compile_step(mod: tvm.IRModule, profile: dict, directory: Path) -> dict:
     toolchain, kernels, cuda = profile["toolchain"], Counter(), {}
     if target.kind.name in GPU_KINDS:
         pipeline = gpu_pipeline(target, kernels)
-    else:  # the CPU kernels are scheduled here (pipelines/schedules.py), in a copy
-        mod, pipeline = mod.clone(), "default"
-        kernels = schedule_cpu_kernels(mod)
+    else:
+        (mod, kernels), pipeline = with_cpu_schedules(mod, target), "default"
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
     library = Path(directory) / LIBRARY[toolchain["output"]]
     options = {}

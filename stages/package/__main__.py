@@ -38,6 +38,7 @@ from pipelines.images import (OutOfMemory, add_tree, engine, ensure_image, packa
                               run_limited, runs_here, runtime_layers)
 from pipelines.ir import dtype_of, load_ir, shape_of
 from pipelines.step import CompiledStep, initial_state, load_initial
+from stages.package.entrypoint import epoch_batches
 
 ENTRYPOINT = Path(__file__).with_name("entrypoint.py")
 OPTIMIZE = ARTIFACTS / "optimize" / "train_step.json"
@@ -107,9 +108,9 @@ def trial(image: dict, profile: dict, build_dir: Path, initial: dict, x: np.ndar
         seconds = time.perf_counter() - start
         log = json.loads((out / "log.json").read_text())
 
-    local, order = CompiledStep(build_dir, initial), np.random.default_rng(0).permutation(len(x))
-    want = [local.step(x[order[i:i + batch]], y[order[i:i + batch]])
-            for i in range(0, len(x) - batch + 1, batch)]
+    local = CompiledStep(build_dir, initial)  # the same batches, in the entrypoint's order
+    want = [local.step(x[index], y[index])
+            for index in epoch_batches(len(x), batch, np.random.default_rng(0))]
     if not np.allclose(log["losses"], want, rtol=1e-5, atol=0):
         raise RuntimeError(f"package@{profile['name']}: the image's losses {log['losses']} are "
                            f"not the build's here {want} (rtol 1e-5)")

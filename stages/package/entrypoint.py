@@ -52,6 +52,14 @@ def load_data(path: Path, batch: int, shapes: dict) -> tuple[np.ndarray, np.ndar
     return x, y
 
 
+def epoch_batches(n: int, batch: int, rng: np.random.Generator):
+    """Index arrays of one epoch's batches: shuffled by ``rng``, the last partial one dropped
+    (the step has fixed shapes)."""
+    order = rng.permutation(n)
+    for start in range(0, n - batch + 1, batch):
+        yield order[start:start + batch]
+
+
 def save_atomic(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as handle:
@@ -85,9 +93,7 @@ def main() -> None:
     updates = [n.removeprefix("new_") for n in signature["outputs"][1:]]
     rng, losses, began = np.random.default_rng(args.seed), [], time.perf_counter()
     for epoch in range(args.epochs):
-        order = rng.permutation(len(x))
-        for start in range(0, len(x) - batch + 1, batch):
-            index = order[start:start + batch]
+        for index in epoch_batches(len(x), batch, rng):
             outputs = vm["train_step"](tvm.runtime.tensor(np.ascontiguousarray(x[index]), device),
                                        tvm.runtime.tensor(np.ascontiguousarray(y[index]), device),
                                        *[state[n] for n in names])
