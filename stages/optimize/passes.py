@@ -5,6 +5,7 @@ import tvm
 from tvm import relax
 
 from pipelines.ir import nbytes
+from stages.optimize.gemm import isolate_gemms
 from stages.optimize.recompute import recompute
 from stages.optimize.schedule import liveness, reorder_updates
 
@@ -39,6 +40,7 @@ def optimize(step: relax.Function, signature: dict, reorder: bool,
     if recomputed:
         step, _ = recompute(step, update_outputs(signature))
     mod = tvm.IRModule({"train_step": step.with_attr("global_symbol", "train_step")})
+    mod, _ = isolate_gemms(mod)
     return tvm.transform.Sequential(FUSION)(mod)
 
 

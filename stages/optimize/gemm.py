@@ -1,0 +1,93 @@
+"""Matrix products as kernels of their own, so a device's build can switch them to a library.
+
+Each float32 ``R.matmul`` whose operands have the same rank (2 or 3) and the same leading axes
+becomes a call of a ``gemm_<XY>`` kernel: X and Y say whether the first and second operand is
+read transposed (``n`` or ``t``), and a ``permute_dims`` that swaps an operand's last two axes is
+folded into that reading instead of being materialised. The kernel sums over k in the same order
+as the legalized matmul. It is marked opaque, so fusion leaves it whole (no epilogue folded in):
+build@device either compiles it (default schedules) or, where a measurement on the device says
+so, calls OpenBLAS in its place (stages/build/backends.py), found by the attribute ``GEMM``.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import relax, te, tirx
+
+GEMM = "pockengine_gemm"  # PrimFunc attribute: the transposes, "nn", "nt", "tn" or "tt"
+OPAQUE = 8  # relay/relax OpPatternKind kOpaque: FuseOps fuses nothing into it
+
+
+def _static(expr) -> list[int] | None:
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or expr.ty.dtype != "float32":
+        return None
+    try:
+        return [int(d) for d in shape]
+    except TypeError:  # a symbolic dimension
+        return None
+
+
+def gemm_kernel(shape_a: list[int], shape_b: list[int], trans: str) -> tirx.PrimFunc:
+    """c = op(a) @ op(b) over equal leading axes; op transposes the last two axes for "t"."""
+    a = te.placeholder(shape_a, "float32", "A")
+    b = te.placeholder(shape_b, "float32", "B")
+    m = shape_a[-1] if trans[0] == "t" else shape_a[-2]
+    n = shape_b[-2] if trans[1] == "t" else shape_b[-1]
+    depth = shape_a[-2] if trans[0] == "t" else shape_a[-1]
+    k = te.reduce_axis((0, depth), "k")
+
+    def product(*index):
+        *lead, i, j = index
+        left = a[(*lead, k, i)] if trans[0] == "t" else a[(*lead, i, k)]
+        right = b[(*lead, j, k)] if trans[1] == "t" else b[(*lead, k, j)]
+        return te.sum(left * right, axis=k)
+
+    c = te.compute([*shape_a[:-2], m, n], product, name="gemm")
+    func = te.create_prim_func([a, b, c]).without_attr("global_symbol")  # named by the module
+    return func.with_attrs({GEMM: trans, "op_pattern": OPAQUE})
+
+
+def _swaps_last_two(call, rank: int) -> bool:
+    axes = call.attrs.axes
+    return axes is not None and [int(x) for x in axes] == [*range(rank - 2), rank - 1, rank - 2]
+
+
+@relax.expr_functor.mutator
+class _Gemms(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, bound: dict):
+        super().__init__(mod)
+        self.bound, self.kernels, self.count = bound, {}, 0
+
+    def _operand(self, var, rank: int):
+        """(what to read, whether it is read transposed)."""
+        value = self.bound.get(var)
+        if (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.permute_dims"
+                and _static(value.args[0]) is not None and _swaps_last_two(value, rank)):
+            return value.args[0], "t"
+        return var, "n"
+
+    def visit_call_(self, original):
+        call = super().visit_call_(original)
+        if getattr(call.op, "name", "") != "relax.matmul":
+            return call
+        shapes = [_static(arg) for arg in original.args]
+        if (None in shapes or _static(original) is None or len(shapes[0]) != len(shapes[1])
+                or len(shapes[0]) not in (2, 3) or shapes[0][:-2] != shapes[1][:-2]):
+            return call
+        rank = len(shapes[0])
+        (a, ta), (b, tb) = (self._operand(arg, rank) for arg in call.args)
+        key = (tuple(_static(a)), tuple(_static(b)), ta + tb)
+        if key not in self.kernels:
+            self.kernels[key] = self.builder_.add_func(
+                gemm_kernel(list(key[0]), list(key[1]), key[2]), f"gemm_{key[2]}")
+        self.count += 1
+        return relax.call_tir(self.kernels[key], [a, b], original.ty)
+
+
+def isolate_gemms(mod: tvm.IRModule, name: str = "train_step") -> tuple[tvm.IRModule, int]:
+    """``mod`` with each eligible matmul of ``name`` a gemm kernel call; and how many."""
+    func = mod[name]
+    mutator = _Gemms(mod, relax.analysis.get_var2val(func))
+    mutator.builder_.update_func(mod.get_global_var(name), mutator.visit_expr(func))
+    # The folded permute_dims may now be unused: dead code elimination (in FUSION) drops them.
+    return mutator.builder_.get(), mutator.count
