@@ -15,6 +15,7 @@ import torch
 import tvm
 from tvm import relax
 
+from pipelines.backends import compile_with_backends
 from pipelines.schedules import with_cpu_schedules
 
 
@@ -25,12 +26,17 @@ LIBRARY, SIGNATURE = "step.so", "signature.json"
 os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 
-def save_step(mod: tvm.IRModule, signature: dict, target, directory: Path) -> None:
-    """Compile ``mod`` for ``target`` into ``directory`` with its signature beside it."""
-    directory = Path(directory)
-    mod, _ = with_cpu_schedules(mod, tvm.target.Target(target))
-    tvm.compile(mod, target=target).export_library(str(directory / LIBRARY))
+def save_step(mod: tvm.IRModule, signature: dict, target, directory: Path,
+              measured_backends: bool = False) -> dict:
+    """Compile ``mod`` for ``target`` (this machine's CPU) into ``directory`` with its signature
+    beside it. Its matrix products are generated code, or, with ``measured_backends``, on
+    whichever backend measures faster here; returns those measurements."""
+    directory, target = Path(directory), tvm.target.Target(target)
+    mod, link, backends = compile_with_backends(mod, target, directory, measured_backends)
+    mod, _ = with_cpu_schedules(mod, target)
+    tvm.compile(mod, target=target).export_library(str(directory / LIBRARY), **link)
     (directory / SIGNATURE).write_text(json.dumps(signature))
+    return backends
 
 
 class CompiledStep:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import tvm
 
+from pipelines.backends import compile_with_backends, switch_backends
 from pipelines.config import PROFILES, ConfigError, tvm_target
 from pipelines.schedules import with_cpu_schedules
 from stages.build.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
@@ -56,12 +57,19 @@ def compile_step(mod: tvm.IRModule, profile: dict, directory: Path) -> dict:
     target = tvm_target(profile)
     toolchain, kernels, cuda = profile["toolchain"], Counter(), {}
     if target.kind.name in GPU_KINDS:
-        pipeline = gpu_pipeline(target, kernels)
+        mod, pipeline = switch_backends(mod, {}), gpu_pipeline(target, kernels)
+        options, backends = {}, {}
     else:
+        # Matrix products on OpenBLAS where measured faster; only this machine (runner
+        # local) can be measured, elsewhere they stay generated.
+        measured = profile["runner"] == "local"
+        mod, options, rows = compile_with_backends(mod, target, Path(directory), measured)
+        backends = {"measured": measured, "kernels": rows} if measured else {
+            "measured": False, "reason": f"runner {profile['runner']}: the build cannot time "
+                                         f"kernels on the device; every product generated"}
         (mod, kernels), pipeline = with_cpu_schedules(mod, target), "default"
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
     library = Path(directory) / LIBRARY[toolchain["output"]]
-    options = {}
     if toolchain["output"] == "archive":
         options["fcompile"] = write_archive
     elif toolchain.get("cc"):
@@ -78,5 +86,6 @@ def compile_step(mod: tvm.IRModule, profile: dict, directory: Path) -> dict:
         "links_on_device": toolchain["output"] == "archive",
         "target": str(target),
         **({"kernel_schedules": dict(sorted(kernels.items()))} if kernels else {}),
+        **({"backends": backends} if backends else {}),
         **({"cuda": cuda} if cuda else {}),
     }

@@ -6,15 +6,14 @@ read transposed (``n`` or ``t``), and a ``permute_dims`` that swaps an operand's
 folded into that reading instead of being materialised. The kernel sums over k in the same order
 as the legalized matmul. It is marked opaque, so fusion leaves it whole (no epilogue folded in):
 build@device either compiles it (default schedules) or, where a measurement on the device says
-so, calls OpenBLAS in its place (stages/build/backends.py), found by the attribute ``GEMM``.
+so, calls OpenBLAS in its place (pipelines/backends.py), found by the attribute ``GEMM``.
 """
 from __future__ import annotations
 
 import tvm
-from tvm import relax, te, tirx
+from tvm import relax
 
-GEMM = "pockengine_gemm"  # PrimFunc attribute: the transposes, "nn", "nt", "tn" or "tt"
-OPAQUE = 8  # relay/relax OpPatternKind kOpaque: FuseOps fuses nothing into it
+from pipelines.backends import gemm_kernel
 
 
 def _static(expr) -> list[int] | None:
@@ -25,26 +24,6 @@ def _static(expr) -> list[int] | None:
         return [int(d) for d in shape]
     except TypeError:  # a symbolic dimension
         return None
-
-
-def gemm_kernel(shape_a: list[int], shape_b: list[int], trans: str) -> tirx.PrimFunc:
-    """c = op(a) @ op(b) over equal leading axes; op transposes the last two axes for "t"."""
-    a = te.placeholder(shape_a, "float32", "A")
-    b = te.placeholder(shape_b, "float32", "B")
-    m = shape_a[-1] if trans[0] == "t" else shape_a[-2]
-    n = shape_b[-2] if trans[1] == "t" else shape_b[-1]
-    depth = shape_a[-2] if trans[0] == "t" else shape_a[-1]
-    k = te.reduce_axis((0, depth), "k")
-
-    def product(*index):
-        *lead, i, j = index
-        left = a[(*lead, k, i)] if trans[0] == "t" else a[(*lead, i, k)]
-        right = b[(*lead, j, k)] if trans[1] == "t" else b[(*lead, k, j)]
-        return te.sum(left * right, axis=k)
-
-    c = te.compute([*shape_a[:-2], m, n], product, name="gemm")
-    func = te.create_prim_func([a, b, c]).without_attr("global_symbol")  # named by the module
-    return func.with_attrs({GEMM: trans, "op_pattern": OPAQUE})
 
 
 def _swaps_last_two(call, rank: int) -> bool:
@@ -87,7 +66,10 @@ class _Gemms(relax.PyExprMutator):
 def isolate_gemms(mod: tvm.IRModule, name: str = "train_step") -> tuple[tvm.IRModule, int]:
     """``mod`` with each eligible matmul of ``name`` a gemm kernel call; and how many."""
     func = mod[name]
-    mutator = _Gemms(mod, relax.analysis.get_var2val(func))
-    mutator.builder_.update_func(mod.get_global_var(name), mutator.visit_expr(func))
+    # A copy: the builder's module is updated in place, and ``mod`` is the caller's.
+    mutator = _Gemms(mod.clone(), relax.analysis.get_var2val(func))
+    rewritten = mutator.visit_expr(func)
+    out = mutator.builder_.get()  # the module with the gemm kernels added
+    out.update_func(out.get_global_var(name), rewritten)
     # The folded permute_dims may now be unused: dead code elimination (in FUSION) drops them.
-    return mutator.builder_.get(), mutator.count
+    return out, mutator.count

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, save_arrays, write_json_atomic
+from pipelines.backends import OPENBLAS_LIB
 from pipelines.config import ConfigError, load_params, require, resolved_profile, run_stage
 from pipelines.images import (OutOfMemory, add_tree, engine, ensure_image, packageable,
                               run_limited, runs_here, runtime_layers)
@@ -57,9 +58,11 @@ def app_layer(build_dir: Path, initial: dict, about: dict, path: Path) -> None:
     signature = json.loads((build_dir / "signature.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         app = Path(tmp)
-        for source, name in ((build_dir / "step.so", "step.so"),
-                             (build_dir / "signature.json", "signature.json"),
-                             (ENTRYPOINT, "finetune.py")):
+        files = [(build_dir / "step.so", "step.so"),
+                 (build_dir / "signature.json", "signature.json"), (ENTRYPOINT, "finetune.py")]
+        if (build_dir / OPENBLAS_LIB).exists():  # the step's matrix products call it
+            files.append((build_dir / OPENBLAS_LIB, OPENBLAS_LIB))
+        for source, name in files:
             shutil.copyfile(source, app / name)
         save_arrays(app / "state.npz", initial_state(signature, initial))
         write_json_atomic(app / "package.json", about)

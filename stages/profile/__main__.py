@@ -37,7 +37,8 @@ TOP = 15
 # after its operators, the first one leading)
 KINDS = [("^(fused_)?conv2d_transpose", "conv2d transpose (input gradient)"),
          ("^(fused_)?conv2d", "conv2d"),
-         ("^(fused_)?matmul", "matmul"), ("batch_norm|variance|mean", "batch norm"),
+         ("^(fused_)?(matmul|gemm)|^pockengine_sgemm", "matmul"),
+         ("batch_norm|variance|mean", "batch norm"),
          ("softmax|nll_loss", "loss"), (r"^(fused_)?(multiply\d*_)?sum", "reduction"),
          ("", "elementwise")]
 

@@ -26,14 +26,35 @@ import tvm
 from tvm import relax, te, tirx, topi
 
 from pipelines.schedules import with_cpu_schedules
-from stages.optimize.gemm import GEMM, gemm_kernel
 
+GEMM = "pockengine_gemm"  # PrimFunc attribute: the transposes, "nn", "nt", "tn" or "tt"
+OPAQUE = 8  # relax OpPatternKind kOpaque: FuseOps fuses nothing into it
 SHIM = Path(__file__).with_name("openblas_sgemm.cc")
 OPENBLAS_LIB = "libscipy_openblas.so"
 # OpenBLAS is chosen for a product only when it is this much faster: close calls stay
 # generated, so a rebuild on a noisy machine rarely flips a choice.
 MARGIN = 1.1
 REPEATS = 20
+
+
+def gemm_kernel(shape_a: list[int], shape_b: list[int], trans: str) -> tirx.PrimFunc:
+    """c = op(a) @ op(b) over equal leading axes; op transposes the last two axes for "t"."""
+    a = te.placeholder(shape_a, "float32", "A")
+    b = te.placeholder(shape_b, "float32", "B")
+    m = shape_a[-1] if trans[0] == "t" else shape_a[-2]
+    n = shape_b[-2] if trans[1] == "t" else shape_b[-1]
+    depth = shape_a[-2] if trans[0] == "t" else shape_a[-1]
+    k = te.reduce_axis((0, depth), "k")
+
+    def product(*index):
+        *lead, i, j = index
+        left = a[(*lead, k, i)] if trans[0] == "t" else a[(*lead, i, k)]
+        right = b[(*lead, j, k)] if trans[1] == "t" else b[(*lead, k, j)]
+        return te.sum(left * right, axis=k)
+
+    c = te.compute([*shape_a[:-2], m, n], product, name="gemm")
+    func = te.create_prim_func([a, b, c]).without_attr("global_symbol")  # named by the module
+    return func.with_attrs({GEMM: trans, "op_pattern": OPAQUE})
 
 
 def gemm_kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
@@ -177,8 +198,21 @@ class _Switch(relax.PyExprMutator):
 def switch_backends(mod: tvm.IRModule, backends: dict[str, str]) -> tvm.IRModule:
     """``mod`` with each gemm kernel call on its backend (``backends``: kernel name ->
     "openblas"; any other kernel generated)."""
-    mutator = _Switch(mod, backends)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+    mutator = _Switch(mod.clone(), backends)  # the builder updates its module in place
+    rewritten = {gv.name_hint: mutator.visit_expr(func) for gv, func in mod.functions.items()
+                 if isinstance(func, relax.Function)}
+    out = mutator.builder_.get()  # the module with the kernels the switch added
+    for name, func in rewritten.items():
+        out.update_func(out.get_global_var(name), func)
+    return relax.transform.DeadCodeElimination()(out)
+
+
+def compile_with_backends(mod: tvm.IRModule, target, directory: Path,
+                          measured: bool) -> tuple[tvm.IRModule, dict, dict]:
+    """``mod`` with its gemm kernels on their backends, ready for the CPU build; the options
+    ``export_library`` needs to link what it calls; and per kernel what was measured and
+    chosen (``measured`` false: every product generated, nothing measured)."""
+    rows = measure(mod, target) if measured and gemm_kernels(mod) else {}
+    choice = {name: row["backend"] for name, row in rows.items()}
+    options = link_openblas(directory) if "openblas" in choice.values() else {}
+    return switch_backends(mod, choice), options, rows
