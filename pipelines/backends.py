@@ -91,7 +91,10 @@ def link_openblas(directory: Path) -> dict:
     shutil.copyfile(Path(scipy_openblas32.get_lib_dir()) / OPENBLAS_LIB,
                     Path(directory) / OPENBLAS_LIB)
     return {"addons": [str(shim_object())],
-            "options": [f"-L{directory}", "-lscipy_openblas", "-Wl,-rpath,$ORIGIN"]}
+            # --no-as-needed: the library must be recorded as needed even though the linker,
+            # reading it before the objects that call it, would otherwise drop it.
+            "options": [f"-L{directory}", "-Wl,--no-as-needed", "-lscipy_openblas",
+                        "-Wl,-rpath,$ORIGIN"]}
 
 
 @functools.cache

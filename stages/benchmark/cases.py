@@ -37,7 +37,11 @@ def run_case(case: str, spec: dict) -> dict:
     from pipelines.memory import PeakRSS
 
     torch.set_num_threads(spec["cores"])
-    x, y = first_batch(spec["data"], spec["batch"])
+    if "batch_file" in spec:  # a batch of its own (the workloads stage's tokens): x and y
+        with np.load(spec["batch_file"]) as batch:
+            x, y = batch["x"], batch["y"]
+    else:
+        x, y = first_batch(spec["data"], spec["batch"])
     warmup, steps = spec["warmup"], spec["steps"]
     if case == "compiled":
         from pipelines.step import CompiledStep, load_initial

@@ -1,0 +1,161 @@
+"""workloads: the LLaMA-style decoder's training step against PyTorch on the host profile.
+
+Usage: python -m stages.workloads
+For ``workloads.model`` (conf/model/<name>.yaml, at its reference size) and each scheme of
+``workloads.schemes`` (conf/sparse): import, autodiff, prune, optimize and build the step here
+(matrix products on the backend measured faster, as build@host does), check its first step's
+loss against PyTorch's, then time it as the benchmark does (a fresh process per case, the
+profile's cores, ``benchmark.warmup`` then ``benchmark.steps`` steps). In the same run: PyTorch
+eager full backpropagation, eager with the scheme's frozen layers frozen, and `torch.compile`d
+full backpropagation.
+
+The model starts from a seeded random initialisation and trains on one batch of seeded random
+tokens (synthetic: this stage measures speed and memory, not quality).
+Output: artifacts/workloads/metrics.json (DVC metrics): per scheme, ms per step, tokens/s,
+GFLOP/s, peak memory, the ratios to each PyTorch case, and which backend each product took.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from pipelines.artifacts import ARTIFACTS, save_arrays, write_json_atomic
+from pipelines.config import (CONF, ConfigError, load_params, require, resolved_profile, run_stage,
+                              tvm_target)
+from pipelines.models import build_model
+from pipelines.progress import progress
+from pipelines.step import CompiledStep, save_step, selection_of
+from stages.benchmark.__main__ import in_fresh_process, run_isolated
+from stages.benchmark.cases import sgemm_peak
+from stages.optimize.passes import optimize
+from stages.prune.__main__ import prune_scheme
+from stages.prune.show import full_step
+from stages.schemes.__main__ import load_scheme
+
+OUT = ARTIFACTS / "workloads" / "metrics.json"
+# The compiled step's losses against PyTorch's over the first steps (the second one's loss
+# reads the first one's update), same weights and tokens.
+CHECKED_STEPS, LOSS_RTOL = 2, 1e-4
+
+
+def load_model(name: str) -> dict:
+    path = CONF / "model" / f"{name}.yaml"
+    if not path.exists():
+        available = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"params.yaml: workloads.model={name!r}; allowed: {available} "
+                          f"(files in {path.parent})")
+    model = yaml.safe_load(path.read_text())
+    if model.get("arch") != "llama":
+        raise ConfigError(f"params.yaml: workloads.model={name!r} is a {model.get('arch')} "
+                          f"model; this stage measures decoders (arch llama)")
+    return model
+
+
+def main() -> None:
+    params = load_params()
+    profile = resolved_profile("host")
+    model = load_model(str(require(params, "workloads.model")))
+    schemes = [load_scheme(n) for n in require(params, "workloads.schemes")]
+    optimizer, seed = require(params, "optimizer"), int(params["seed"])
+    bench = require(params, "benchmark")
+    tokens = int(model["batch_size"]) * int(model["seq_len"])
+
+    scratch = Path(tempfile.mkdtemp(prefix="pock-workloads-"))
+    try:
+        torch.manual_seed(seed)
+        net = build_model(model).train()
+        torch.save(net.state_dict(), scratch / "weights.pt")
+        rng = np.random.default_rng(seed)
+        x = rng.integers(0, int(model["vocab"]), (int(model["batch_size"]), int(model["seq_len"])))
+        y = rng.integers(0, int(model["vocab"]), tokens)
+        save_arrays(scratch / "batch.npz", {"x": x, "y": y})
+        spec = {"cores": int(profile["cores"]), "batch": int(model["batch_size"]),
+                "warmup": int(bench["warmup"]), "steps": int(bench["steps"]),
+                "batch_file": str(scratch / "batch.npz"), "weights": str(scratch / "weights.pt"),
+                "model": model, "optimizer": optimizer, "trainable": {}}
+        layers, full, signature = full_step(model, optimizer)
+        state = {k: v.numpy() for k, v in net.state_dict().items()}
+        save_arrays(scratch / "initial.npz", {r: state[t] for r, t in
+                                              signature["torch_names"].items()})
+        spec["initial"] = str(scratch / "initial.npz")
+
+        rows = {}
+        for scheme in progress(schemes, "workloads"):
+            step, sig, summary = prune_scheme(scheme, layers, full, signature)
+            directory = scratch / scheme["name"]
+            directory.mkdir()
+            started = time.perf_counter()
+            backends = save_step(optimize(step, sig, reorder=True), sig, tvm_target(profile),
+                                 directory, measured_backends=True)
+            build_s = time.perf_counter() - started
+            frozen = dict(spec, trainable=selection_of(sig))
+            compiled_step = CompiledStep(directory, dict(np.load(spec["initial"])))
+            compiled_loss = [compiled_step.step(x, y) for _ in range(CHECKED_STEPS)]
+            torch_loss = torch_losses(model, optimizer, frozen, x, y)
+            if not np.allclose(compiled_loss, torch_loss, rtol=LOSS_RTOL, atol=0):
+                raise SystemExit(f"error: {scheme['name']}: the compiled step's losses "
+                                 f"{compiled_loss} are not PyTorch's {torch_loss} (rtol "
+                                 f"{LOSS_RTOL})")
+            rows[scheme["name"]] = {
+                "compiled": run_isolated("compiled", dict(spec, build_dir=str(directory))),
+                "torch_eager_frozen": run_isolated("torch_eager_frozen", frozen),
+                "flops": summary["pruned"]["flops"], "build_s": build_s,
+                "loss_compiled": compiled_loss, "loss_torch": torch_loss,
+                "backends": dict(Counter(r["backend"] for r in backends.values())),
+            }
+            print(f"{scheme['name']}: compiled {rows[scheme['name']]['compiled']['median_ms']:.1f}"
+                  f" ms/step; products {rows[scheme['name']]['backends']}", flush=True)
+        eager = run_isolated("torch_eager_full", spec)
+        compiled_torch = run_isolated("torch_compile_full", spec)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    peak = in_fresh_process(sgemm_peak, spec["cores"])
+    full_flops = summary["full"]["flops"]
+    for case, flops in ((eager, full_flops), (compiled_torch, full_flops)):
+        case.update(tokens_per_s=tokens / case["median_ms"] * 1e3,
+                    gflop_per_s=flops / case["median_ms"] / 1e6)
+    for row in rows.values():
+        for case in (row["compiled"], row["torch_eager_frozen"]):
+            case.update(tokens_per_s=tokens / case["median_ms"] * 1e3,
+                        gflop_per_s=row["flops"] / case["median_ms"] / 1e6)
+        ms = row["compiled"]["median_ms"]
+        row["compiled"]["fraction_of_sgemm_peak"] = row["compiled"]["gflop_per_s"] / peak
+        row.update(
+            speedup_vs_torch_eager_full=eager["median_ms"] / ms,
+            speedup_vs_torch_eager_frozen=row["torch_eager_frozen"]["median_ms"] / ms,
+            speedup_vs_torch_compile_full=compiled_torch["median_ms"] / ms,
+            memory_ratio_vs_torch_eager_full=(row["compiled"]["peak_rss_bytes"]
+                                              / eager["peak_rss_bytes"]
+                                              if eager["peak_rss_bytes"] else None))
+    write_json_atomic(OUT, {"model": model["name"], "tokens_per_step": tokens,
+                            "data": "synthetic: seeded random tokens",
+                            "sgemm_peak_gflop_per_s": peak, "torch_eager_full": eager,
+                            "torch_compile_full": compiled_torch, "schemes": rows})
+    for name, row in rows.items():
+        print(f"{model['name']} {name}: {row['compiled']['tokens_per_s']:.0f} tokens/s; "
+              f"{row['speedup_vs_torch_eager_full']:.2f}x PyTorch eager full BP "
+              f"({eager['tokens_per_s']:.0f} tokens/s), "
+              f"{row['speedup_vs_torch_eager_frozen']:.2f}x eager with the same layers frozen, "
+              f"{row['speedup_vs_torch_compile_full']:.2f}x torch.compile full BP")
+
+
+def torch_losses(model: dict, optimizer: dict, spec: dict, x, y) -> list[float]:
+    from pipelines.torch_ref import make_optimizer, train_step
+
+    net = build_model(model).train()
+    net.load_state_dict(torch.load(spec["weights"], weights_only=True))
+    update = make_optimizer(net, optimizer, spec["trainable"])
+    return [train_step(net, update, torch.from_numpy(x), torch.from_numpy(y))
+            for _ in range(CHECKED_STEPS)]
+
+
+if __name__ == "__main__":
+    run_stage(main)
