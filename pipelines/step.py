@@ -7,7 +7,6 @@ Benchmark, fine-tuning and the tests call the compiled step through this one cla
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +19,6 @@ from pipelines.schedules import with_cpu_schedules
 
 
 LIBRARY, SIGNATURE = "step.so", "signature.json"
-# TVM's thread pool, left to itself, starts a thread per CPU of the whole machine, not of the
-# CPUs this process may use: on 2 usable cores the parallel step ran 8.0 ms instead of 2.4.
-# Read when the pool starts, at the first step; a caller that set it (the benchmark) wins.
-os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 
 def save_step(mod: tvm.IRModule, signature: dict, target, directory: Path,
