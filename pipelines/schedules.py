@@ -28,6 +28,11 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 # caller that set it (the benchmark: the profile's cores) wins. Here because every process
 # that builds or runs a CPU step (and the build's backend measurements) imports this module.
 os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+# A step whose products run on OpenBLAS (pipelines/backends.py) calls it on one thread per task
+# of TVM's pool. Loaded with its default, OpenBLAS starts worker threads of its own, unused but
+# costly: in the benchmark's fresh process the mbv2 step took 5.5 ms instead of 3.0. Read when
+# the library loads, with the step's library.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 VECTOR = 16  # float32 lanes: two AVX2 registers, four NEON ones
 SPATIAL, REDUCTION = 0, 2  # tirx.IterVar iter_type values
