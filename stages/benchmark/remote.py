@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.backends import OPENBLAS_LIB
 from pipelines.config import PROFILES, ConfigError
 from pipelines.emulation import emulation_root, root_is_ready
 
@@ -78,6 +79,9 @@ def run_rpc(library: Path, args: list[np.ndarray], profile: dict, warmup: int,
     def remote_run():
         session = rpc_session(profile)
         session.upload(str(library))
+        # A step whose products run on OpenBLAS finds its library beside it (rpath $ORIGIN).
+        if (Path(library).parent / OPENBLAS_LIB).exists():
+            session.upload(str(Path(library).parent / OPENBLAS_LIB))
         device = session.cpu()
         vm = relax.VirtualMachine(session.load_module(Path(library).name), device)
         remote_args = [tvm.runtime.tensor(a, device) for a in args]
@@ -157,6 +161,8 @@ def run_docker(library: Path, args: list[np.ndarray], profile: dict, warmup: int
         np.savez(io / "inputs.npz", **{f"arg_{i:03d}": a for i, a in enumerate(args)})
         shutil.copy(ON_DEVICE, io / ON_DEVICE.name)
         shutil.copy(library, io / "step.so")
+        if (Path(library).parent / OPENBLAS_LIB).exists():  # as for RPC
+            shutil.copy(Path(library).parent / OPENBLAS_LIB, io / OPENBLAS_LIB)
         run_limited(client, image["id"], ["python3", f"/io/{ON_DEVICE.name}", "/io/step.so",
                                           "/io/inputs.npz", "/io/outputs.npz", str(warmup),
                                           str(steps)],

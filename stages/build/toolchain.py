@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tvm
 
-from pipelines.backends import compile_with_backends, switch_backends
+from pipelines.backends import compile_with_backends
 from pipelines.config import PROFILES, ConfigError, tvm_target
 from pipelines.schedules import with_cpu_schedules
 from stages.build.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
@@ -57,8 +57,8 @@ def compile_step(mod: tvm.IRModule, profile: dict, directory: Path) -> dict:
     target = tvm_target(profile)
     toolchain, kernels, cuda = profile["toolchain"], Counter(), {}
     if target.kind.name in GPU_KINDS:
-        mod, pipeline = switch_backends(mod, {}), gpu_pipeline(target, kernels)
-        options, backends = {}, {}
+        # The gemm kernels stay as they are, transposes folded in: the GPU rules schedule them.
+        pipeline, options, backends = gpu_pipeline(target, kernels), {}, {}
     else:
         # Matrix products on OpenBLAS where measured faster; only this machine (runner
         # local) can be measured, elsewhere they stay generated.
