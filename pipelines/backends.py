@@ -18,7 +18,6 @@ import functools
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ import tvm
 from tvm import relax, te, tirx, topi
 
 from pipelines.schedules import with_cpu_schedules
+from pipelines.timing import step_times
 
 GEMM = "pockengine_gemm"  # PrimFunc attribute: the transposes, "nn", "nt", "tn" or "tt"
 OPAQUE = 8  # relax OpPatternKind kOpaque: FuseOps fuses nothing into it
@@ -74,7 +74,12 @@ def shim_object() -> Path:
 
     tvm_include = Path(tvm.__file__).parent / "include"  # c_backend_api.h: the thread pool
     out = Path(tempfile.mkdtemp(prefix="pock-openblas-")) / "openblas_sgemm.o"
+    # The headers' check macros embed __FILE__: map the checkout and site-packages away so a
+    # step library is the same bytes whichever directory it was built in.
+    site_packages = Path(tvm_ffi.__file__).parents[1]
     command = ["g++", "-c", "-fPIC", "-O2", "-std=c++17",
+               f"-ffile-prefix-map={SHIM.parent}=pipelines",
+               f"-ffile-prefix-map={site_packages}=site-packages",
                f"-I{tvm_ffi.libinfo.find_include_path()}",
                f"-I{tvm_include}", f"-I{scipy_openblas32.get_include_dir()}", str(SHIM), "-o", str(out)]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -110,13 +115,7 @@ def _openblas_module():
 
 def _time(function, args) -> float:
     """Median milliseconds of ``function(*args)`` after one untimed call."""
-    function(*args)
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        function(*args)
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times))
+    return float(np.median(step_times(lambda: function(*args), 1, REPEATS)))
 
 
 def _transpose_kernel(shape: list[int]) -> tirx.PrimFunc:

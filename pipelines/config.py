@@ -42,6 +42,16 @@ def choose(value, allowed, key: str, source: str | Path = PARAMS):
     return value
 
 
+def load_conf_entry(group: str, name: str, key: str, source: str | Path = PARAMS) -> dict:
+    """conf/<group>/<name>.yaml, which ``key`` of ``source`` named; a clear error if none."""
+    path = CONF / group / f"{name}.yaml"
+    if not path.exists():
+        available = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"{source}: {key} names {name!r}; allowed: {available} "
+                          f"(files in {path.parent})")
+    return yaml.safe_load(path.read_text())
+
+
 def available_profiles(overrides: dict | None = None) -> list[str]:
     """Profile files, plus boards derived in params.yaml's ``profiles`` with ``extends``."""
     derived = [n for n, o in (overrides or {}).items() if isinstance(o, dict) and "extends" in o]

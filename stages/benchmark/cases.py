@@ -10,24 +10,13 @@ import time
 
 import numpy as np
 
+from pipelines.timing import step_times
+
 
 def first_batch(data_path: str, batch: int):
     with np.load(data_path) as data:
         return (np.ascontiguousarray(data["finetune_train_x"][:batch]),
                 np.ascontiguousarray(data["finetune_train_y"][:batch]))
-
-
-def step_times(step, warmup: int, steps: int) -> list[float]:
-    """Milliseconds of each of ``steps`` calls of ``step()``, after ``warmup`` untimed ones:
-    the one wall-clock loop every timing here uses."""
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
 
 
 def run_case(case: str, spec: dict) -> dict:

@@ -18,7 +18,8 @@ from pipelines.artifacts import ARTIFACTS
 from pipelines.config import load_params, load_profile
 from pipelines.ir import load_ir
 from pipelines.step import CompiledStep, load_initial
-from stages.benchmark.cases import first_batch, step_times
+from pipelines.timing import step_times
+from stages.benchmark.cases import first_batch
 from stages.build.toolchain import compile_step
 
 

@@ -1,5 +1,9 @@
-"""What sparse schemes select from: every parameter with its module path, layer kind and block."""
+"""What sparse schemes select from: every parameter with its module path, layer kind and block,
+for a PyTorch module or a model file of another frontend (the same layers.json either way)."""
 from __future__ import annotations
+
+import fnmatch
+import re
 
 import torch
 
@@ -35,3 +39,78 @@ def describe_layers(model: torch.nn.Module) -> dict:
                            "kind": layer_kind(module), "role": role, "block": block,
                            "shape": list(param.shape)})
     return {"blocks": blocks, "parameters": params}
+
+
+def module_and_role(name: str) -> tuple[str, str]:
+    """"features.0.weight" -> ("features.0", "weight"): a parameter name's module path and its
+    role. Frontends give names with "." (ONNX from PyTorch) or "/" (Keras, JAX trees)."""
+    parts = name.replace("/", ".").rsplit(".", 1)
+    return (parts[0], parts[1]) if len(parts) == 2 else ("", parts[0])
+
+
+def onnx_kind(node) -> str:
+    """The layer kind of the ONNX node that consumes a parameter."""
+    if node.op_type == "Conv":
+        attrs = {a.name: a for a in node.attribute}
+        groups = attrs["group"].i if "group" in attrs else 1
+        kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else None
+        if groups > 1:
+            return "conv_depthwise"  # checked against the weight's shape by the caller
+        return "conv_pointwise" if kernel == [1, 1] else "conv"
+    return {"Gemm": "linear", "MatMul": "linear", "BatchNormalization": "norm",
+            "LayerNormalization": "norm", "Gather": "embedding"}.get(node.op_type,
+                                                                    node.op_type.lower())
+
+
+def _matches(path: str, pattern: str) -> bool:
+    """A glob, or with "re:" a regular expression, as schemes' module patterns are."""
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], path) is not None
+    return fnmatch.fnmatchcase(path, pattern)
+
+
+def block_paths(modules: list[str], patterns: list[str]) -> list[str]:
+    """The blocks: each prefix of a module path that one of ``patterns`` (globs over module
+    paths, e.g. "features.*", or "re:" and a regular expression) matches, in model order."""
+    blocks: list[str] = []
+    for module in modules:
+        parts = module.split(".")
+        for end in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:end])
+            if any(_matches(prefix, p) for p in patterns):
+                if prefix not in blocks:
+                    blocks.append(prefix)
+                break
+    return blocks
+
+
+def describe_parameters(params: list[tuple[str, str, list[int]]], patterns: list[str]) -> dict:
+    """layers.json for a model of another frontend: ``params`` is (name, kind, shape) in model
+    order; ``patterns`` say which module paths are blocks."""
+    modules = [module_and_role(name)[0] for name, _, _ in params]
+    blocks = block_paths(modules, patterns)
+    described = []
+    for (name, kind, shape), module in zip(params, modules):
+        block = next((i for i, b in enumerate(blocks)
+                      if module == b or module.startswith(b + ".")), None)
+        described.append({"name": name, "module": module, "kind": kind,
+                          "role": module_and_role(name)[1], "block": block,
+                          "shape": list(shape)})
+    return {"blocks": blocks, "parameters": described}
+
+
+def describe_onnx(model, parameters: list[str], patterns: list[str]) -> dict:
+    """layers.json for an ONNX model; ``parameters`` are its trainable initializers' names."""
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    consumer = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumer.setdefault(name, node)
+    params = []
+    for name in parameters:
+        kind = onnx_kind(consumer[name]) if name in consumer else "unused"
+        shape = shapes[name]
+        if kind == "conv_depthwise" and not (len(shape) == 4 and shape[1] == 1):
+            kind = "conv"  # grouped, not one channel per group
+        params.append((name, kind, shape))
+    return describe_parameters(params, patterns)

@@ -1,39 +1,58 @@
-"""lower: the exported program as Relax IR.
+"""lower: the imported model as Relax IR (``model.frontend``: torch.export program or ONNX).
 
 Outputs (artifacts/lower/):
   model.relax.py  TVMScript of main(x, *parameters, *buffers) -> (logits, *new_buffers)
   model.json      the same module, for the next stage
   params.npz      initial values of every parameter and buffer, by Relax name
-  names.json      Relax name -> PyTorch state-dict name and kind (parameter or buffer)
-  origins.json    Relax binding name -> the PyTorch module it came from
+  names.json      Relax name -> kind (parameter or buffer) and its name in the source model
+                  ("torch": the PyTorch state-dict name, or the ONNX initializer name, which
+                  for a model exported from PyTorch is the same)
+  origins.json    Relax binding name -> the layer it came from (PyTorch module or ONNX node)
 """
 from __future__ import annotations
 
-import torch
 import tvm
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, save_arrays, write_json_atomic, write_manifest
-from pipelines.config import run_stage
+from pipelines.config import load_params, require, run_stage
 from pipelines.ir import save_ir
-from stages.lower.translate import translate
 
 OUT = ARTIFACTS / "lower"
-PROGRAM = ARTIFACTS / "import" / "model.pt2"
+IMPORTED = ARTIFACTS / "import"
+
+
+def lower_torch():
+    import torch
+
+    from stages.lower.translate import translate
+
+    program = torch.export.load(IMPORTED / "model.pt2")
+    func, names, origins = translate(program)
+    state = program.state_dict | dict(program.named_buffers())
+    values = {v.name: state[names[v.name][1]].detach().numpy() for v in func.params[1:]}
+    return func, names, origins, values, IMPORTED / "model.pt2"
+
+
+def lower_onnx():
+    from stages.lower.from_onnx import initial_values, load_onnx, translate_onnx
+
+    path = IMPORTED / "model.onnx"
+    model = load_onnx(path)
+    func, names, origins = translate_onnx(model, path)
+    return func, names, origins, initial_values(model, names), path
 
 
 def main() -> None:
-    program = torch.export.load(PROGRAM)
-    func, names, origins = translate(program)
-    state = program.state_dict | dict(program.named_buffers())
+    frontend = require(load_params(), "model.frontend")
+    func, names, origins, values, source = (lower_torch if frontend == "torch" else lower_onnx)()
     ordered = [v.name for v in func.params[1:]]
-    values = {name: state[names[name][1]].detach().numpy() for name in ordered}
     table = {name: {"kind": names[name][0], "torch": names[name][1]} for name in ordered}
     with atomic_dir(OUT) as tmp:
         save_ir(tvm.IRModule({"main": func}), tmp, "model")
-        save_arrays(tmp / "params.npz", values)
+        save_arrays(tmp / "params.npz", {name: values[name] for name in ordered})
         write_json_atomic(tmp / "names.json", table)
         write_json_atomic(tmp / "origins.json", origins)
-        write_manifest(tmp, "lower", {"program": PROGRAM}, {})
+        write_manifest(tmp, "lower", {"program": source}, {})
     print(f"lowered: {len(func.params) - 1} parameters and buffers")
 
 

@@ -29,6 +29,24 @@ class _BufferState:
     updates: list[tuple[relax.Var, relax.Var]] = field(default_factory=list)
 
 
+def training_batch_norm(bb: relax.BlockBuilder, x, gamma, beta, running_mean: relax.Var,
+                        running_var: relax.Var, momentum: float, eps: float):
+    """Batch norm in training mode, as PyTorch's ``train()`` runs it: (output, new running mean,
+    new running variance). ``momentum`` is PyTorch's: new = (1-m)*old + m*batch statistic."""
+    dims, dtype = shape_of(x), dtype_of(x)
+    bn = bb.emit(relax.op.nn.batch_norm(x, gamma, beta, running_mean, running_var, axis=1,
+                                        epsilon=eps, momentum=momentum, training=True))
+    out = bb.emit(relax.TupleGetItem(bn, 0))
+    new_mean = bb.emit_output(relax.TupleGetItem(bn, 1))
+    # Relax updates the running variance with the biased batch variance, PyTorch with the
+    # unbiased one: new = (1-m)*rv + m*var*n/(n-1) = relax_new*n/(n-1) - (1-m)*rv/(n-1).
+    n = dims[0] * math.prod(dims[2:])
+    new_var = bb.emit_output(relax.op.subtract(
+        relax.op.multiply(relax.TupleGetItem(bn, 2), relax.const(n / (n - 1), dtype)),
+        relax.op.multiply(running_var, relax.const((1 - momentum) / (n - 1), dtype))))
+    return out, new_mean, new_var
+
+
 def _batch_norm_training(state: _BufferState):
     """Converter for aten._native_batch_norm_legit_functional (batch norm in training mode)."""
 
@@ -38,21 +56,12 @@ def _batch_norm_training(state: _BufferState):
         gamma, beta = importer.env[node.args[1]], importer.env[node.args[2]]
         mean_node, var_node = node.args[3], node.args[4]
         momentum, eps = float(node.args[6]), float(node.args[7])
-        dims, dtype = shape_of(x), dtype_of(x)
-        sinfo = tensor_type([dims[1]], dtype)
+        sinfo = tensor_type([shape_of(x)[1]], dtype_of(x))
         # Fresh vars: the importer would bind these buffers to constants afterwards.
         running_mean = relax.Var(mean_node.name, sinfo)
         running_var = relax.Var(var_node.name, sinfo)
-        bn = bb.emit(relax.op.nn.batch_norm(x, gamma, beta, running_mean, running_var, axis=1,
-                                            epsilon=eps, momentum=momentum, training=True))
-        out = bb.emit(relax.TupleGetItem(bn, 0))
-        new_mean = bb.emit_output(relax.TupleGetItem(bn, 1))
-        # Relax updates the running variance with the biased batch variance, PyTorch with the
-        # unbiased one: new = (1-m)*rv + m*var*n/(n-1) = relax_new*n/(n-1) - (1-m)*rv/(n-1).
-        n = dims[0] * math.prod(dims[2:])
-        new_var = bb.emit_output(relax.op.subtract(
-            relax.op.multiply(relax.TupleGetItem(bn, 2), relax.const(n / (n - 1), dtype)),
-            relax.op.multiply(running_var, relax.const((1 - momentum) / (n - 1), dtype))))
+        out, new_mean, new_var = training_batch_norm(bb, x, gamma, beta, running_mean,
+                                                     running_var, momentum, eps)
         state.updates += [(running_mean, new_mean), (running_var, new_var)]
         # The aten op returns (out, save_mean, save_rstd, new_mean, new_var); the forward graph
         # reads only out and the new statistics, so slots 1-2 repeat those instead of emitting
@@ -83,8 +92,9 @@ def _recording(convert, produced: dict, takes_importer: bool):
     return wrapped
 
 
-def _origins(func: relax.Function, produced: dict) -> dict[str, str]:
-    """{binding name: module}. A converter may emit several bindings and return only the last;
+def origins_of(func: relax.Function, produced: dict) -> dict[str, str]:
+    """{binding name: module}, from ``produced`` {var: module} of the vars converters
+    returned. A converter may emit several bindings and return only the last;
     the ones before it belong to the same module, since converters emit in graph order."""
     origins, pending = {}, []
     for block in func.body.blocks:
@@ -122,12 +132,16 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
     for var in buffer_vars:
         if var.name not in names:
             raise ValueError(f"batch norm statistic {var.name} is not a buffer of the model")
-    # Rebuild main: buffers become inputs, their new values extra outputs. Weights travel in a
-    # separate parameters file, so the "params" attribute (weights inlined in IR) is dropped.
+    func = with_buffers(main, state.updates)
+    return func, names, origins_of(func, produced)
+
+
+def with_buffers(main: relax.Function, updates: list[tuple[relax.Var, relax.Var]]):
+    """``main(x, *params) -> logits`` rebuilt as ``main(x, *params, *buffers) -> (logits,
+    *new_buffers)``. Weights travel in a separate parameters file, so the "params" attribute
+    (weights inlined in IR) is dropped."""
     body = main.body
-    logits = body.body
-    outputs = relax.Tuple([logits] + [new for _, new in state.updates])
+    outputs = relax.Tuple([body.body] + [new for _, new in updates])
     new_body = relax.BlockBuilder().normalize(relax.SeqExpr(body.blocks, outputs))
-    func = relax.Function(list(main.params) + buffer_vars, new_body)
-    func = func.with_attr("global_symbol", "main").with_attr("num_input", 1)
-    return func, names, _origins(func, produced)
+    func = relax.Function(list(main.params) + [var for var, _ in updates], new_body)
+    return func.with_attr("global_symbol", "main").with_attr("num_input", 1)

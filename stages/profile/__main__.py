@@ -28,7 +28,8 @@ from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic
 from pipelines.config import load_params, require, run_stage
 from pipelines.ir import load_ir
 from pipelines.step import CompiledStep, load_initial
-from stages.benchmark.cases import first_batch, step_times
+from pipelines.timing import step_times
+from stages.benchmark.cases import first_batch
 
 BUILD = ARTIFACTS / "build" / "host"
 OUT = ARTIFACTS / "profile"

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from pipelines.artifacts import ARTIFACTS, write_json_atomic
-from pipelines.config import (CONF, ConfigError, load_params, resolved_profile, require, run_stage,
+from pipelines.config import (load_conf_entry, load_params, resolved_profile, require, run_stage,
                               tvm_target)
 from pipelines.ir import load_ir, nbytes
 from pipelines.models import build_model
@@ -35,15 +35,6 @@ AUTODIFF = ARTIFACTS / "autodiff"
 LAYERS = ARTIFACTS / "import" / "layers.json"
 OUT = ARTIFACTS / "schemes" / "metrics.json"
 SEARCHED = ARTIFACTS / "search" / "scheme.yaml"
-
-
-def load_scheme(name: str) -> dict:
-    path = CONF / "sparse" / f"{name}.yaml"
-    if not path.exists():
-        available = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ConfigError(f"params.yaml: compare.schemes names {name!r}; allowed: {available} "
-                          f"(files in {path.parent})")
-    return yaml.safe_load(path.read_text())
 
 
 def finetune(build_dir: Path, params: dict) -> dict:
@@ -68,7 +59,8 @@ def main() -> None:
     params = load_params()
     profile = resolved_profile("host")
     names = list(require(params, "compare.schemes"))
-    schemes = [load_scheme(n) for n in names]  # every name checked before any work
+    # every name checked before any work
+    schemes = [load_conf_entry("sparse", n, "compare.schemes") for n in names]
     schemes.append(yaml.safe_load(SEARCHED.read_text()))
     layers = json.loads(LAYERS.read_text())
     signature = json.loads((AUTODIFF / "signature.json").read_text())

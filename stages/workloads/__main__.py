@@ -24,10 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from pipelines.artifacts import ARTIFACTS, save_arrays, write_json_atomic
-from pipelines.config import (CONF, ConfigError, load_params, require, resolved_profile, run_stage,
+from pipelines.config import (ConfigError, load_conf_entry, load_params, require, resolved_profile, run_stage,
                               tvm_target)
 from pipelines.models import build_model
 from pipelines.progress import progress
@@ -37,7 +36,6 @@ from stages.benchmark.cases import sgemm_peak
 from stages.optimize.passes import optimize
 from stages.prune.__main__ import prune_scheme
 from stages.prune.show import full_step
-from stages.schemes.__main__ import load_scheme
 
 OUT = ARTIFACTS / "workloads" / "metrics.json"
 # The compiled step's losses against PyTorch's over the first steps (the second one's loss
@@ -46,12 +44,7 @@ CHECKED_STEPS, LOSS_RTOL = 2, 1e-4
 
 
 def load_model(name: str) -> dict:
-    path = CONF / "model" / f"{name}.yaml"
-    if not path.exists():
-        available = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ConfigError(f"params.yaml: workloads.model={name!r}; allowed: {available} "
-                          f"(files in {path.parent})")
-    model = yaml.safe_load(path.read_text())
+    model = load_conf_entry("model", name, "workloads.model")
     if model.get("arch") != "llama":
         raise ConfigError(f"params.yaml: workloads.model={name!r} is a {model.get('arch')} "
                           f"model; this stage measures decoders (arch llama)")
@@ -62,7 +55,8 @@ def main() -> None:
     params = load_params()
     profile = resolved_profile("host")
     model = load_model(str(require(params, "workloads.model")))
-    schemes = [load_scheme(n) for n in require(params, "workloads.schemes")]
+    schemes = [load_conf_entry("sparse", n, "workloads.schemes")
+               for n in require(params, "workloads.schemes")]
     optimizer, seed = require(params, "optimizer"), int(params["seed"])
     bench = require(params, "benchmark")
     tokens = int(model["batch_size"]) * int(model["seq_len"])
