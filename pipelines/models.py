@@ -340,6 +340,11 @@ MODELS = {"mobilenetv2": MobileNetV2, "llama": LlamaDecoder, "minilm": MiniLM}
 
 
 def build_model(model_cfg: dict) -> torch.nn.Module:
+    frontend = model_cfg.get("frontend", "torch")
+    if frontend != "torch":  # the stages that train or time the PyTorch module itself
+        raise ConfigError(f"{PARAMS}: model.frontend={frontend!r}: this stage needs the model as "
+                          "a PyTorch module (frontend torch); for a model from a file, run the "
+                          "compiler stages: dvc repro build")
     arch = model_cfg.get("arch")
     if arch not in MODELS:
         raise ConfigError(f"{PARAMS}: model.arch={arch!r} is not one of {sorted(MODELS)}")

@@ -6,7 +6,11 @@ chained steps: loss within 1e-5 relative, weights within rtol 1e-4, atol 1e-6). 
 through ONNX (with training-mode batch norm) must select the same layers under a scheme and
 step like PyTorch. Bad files and unsupported operators fail naming the file, op and node.
 """
+import importlib.util
 import io
+import json
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -21,12 +25,14 @@ from pipelines.step import CompiledStep, save_step
 from pipelines.torch_ref import make_optimizer, train_step
 from stages.autodiff.optimizers import from_config
 from stages.autodiff.training import MissingGradientRule, build_train_step
-from stages.importer.layers import describe_layers, describe_onnx
+from stages.importer.layers import describe_layers, describe_onnx, describe_parameters
 from stages.lower.from_onnx import (check_supported, initial_values, load_onnx, prepare,
                                     trainable, translate_onnx)
 from stages.optimize.passes import optimize
 from stages.prune.prune import sparse_step
 from stages.prune.scheme import select
+from tests.frontends import cnn_jax
+from tests.test_pipeline_e2e import ran_stages, run, workspace
 from tests.test_train_step import MBV2_PAPER
 
 HOST = tvm.target.Target({"kind": "llvm"})
@@ -36,6 +42,8 @@ FULL = {"name": "full", "rules": [{"name": "everything", "modules": ["*"], "upda
 
 
 class SmallCNN(torch.nn.Module):
+    """tests/frontends/cnn_jax.py's model in PyTorch, with the same parameter names."""
+
     def __init__(self):
         super().__init__()
         self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
@@ -45,6 +53,18 @@ class SmallCNN(torch.nn.Module):
     def forward(self, x):
         x = torch.nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
         return self.fc(torch.relu(self.conv2(x)).mean((2, 3)))
+
+
+def shared_weights() -> dict[str, np.ndarray]:
+    """The one set of weights every framework's CNN starts from, by parameter name."""
+    return {f"{layer}.{role}": value for layer, roles in cnn_jax.init().items()
+            for role, value in roles.items()}
+
+
+def torch_cnn() -> SmallCNN:
+    model = SmallCNN()
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in shared_weights().items()})
+    return model
 
 
 def onnx_file(model: torch.nn.Module, example: torch.Tensor, path):
@@ -58,39 +78,156 @@ def onnx_file(model: torch.nn.Module, example: torch.Tensor, path):
     return path
 
 
-def compile_onnx(path, tmp_path, batch=BATCH, scheme=FULL, patterns=()):
-    """The import, lower, autodiff, sparse_prune, optimize and build stages' work on an ONNX
-    file: (loaded step, its signature, the scheme's selection by ONNX name)."""
-    model = prepare(load_onnx(path), batch)
-    func, names, origins = translate_onnx(model, path)
+def compile_main(func, names, origins, layers, initial, tmp_path, scheme=FULL):
+    """The autodiff, sparse_prune, optimize and build stages' work on a lowered ``main``:
+    (loaded step, the scheme's selection by source name)."""
     num_params = sum(1 for kind, _ in names.values() if kind == "parameter")
     step, signature = build_train_step(func, num_params, from_config(OPT), origins)
     signature["torch_names"] = {r: n for r, (_, n) in names.items()}
     signature["num_params"] = num_params
-    selected = select(scheme, describe_onnx(model, trainable(model), list(patterns)))
+    selected = select(scheme, layers)
     step, signature, _ = sparse_step(step, signature, selected)
+    tmp_path.mkdir(exist_ok=True)
     save_step(optimize(step, signature, reorder=True), signature, HOST, tmp_path)
-    return CompiledStep(tmp_path, initial_values(model, names)), signature, selected
+    return CompiledStep(tmp_path, initial), selected
+
+
+def compile_onnx(path, tmp_path, batch=BATCH, scheme=FULL, patterns=()):
+    """An ONNX file through import and lower, then compiled."""
+    model = prepare(load_onnx(path), batch)
+    func, names, origins = translate_onnx(model, path)
+    layers = describe_onnx(model, trainable(model), list(patterns))
+    return compile_main(func, names, origins, layers, initial_values(model, names), tmp_path,
+                        scheme)
+
+
+def compile_jax(tmp_path):
+    """tests/frontends/cnn_jax.py through import (StableHLO) and lower, then compiled."""
+    jax = pytest.importorskip("jax", reason="JAX is an optional extra: pip install -e '.[jax]'")
+    from stages.lower.from_stablehlo import parameter_kinds, stablehlo_text, translate_stablehlo
+
+    apply, params, example = cnn_jax.model(BATCH)
+    text, names = stablehlo_text(apply, params, example)
+    values = dict(zip(names, (np.asarray(v) for v in jax.tree_util.tree_leaves(params))))
+    func, table, origins = translate_stablehlo(text, names)
+    kinds = parameter_kinds(text, names)
+    layers = describe_parameters([(n, kinds[n], list(values[n].shape)) for n in names], [])
+    return compile_main(func, table, origins, layers,
+                        {r: values[n] for r, (_, n) in table.items()}, tmp_path)
+
+
+def compile_keras(tmp_path):
+    """tests/frontends/cnn_keras.py saved as a .keras file, through import and lower, compiled."""
+    if importlib.util.find_spec("keras") is None:  # imported on its JAX backend below
+        pytest.skip("Keras is an optional extra: pip install -e '.[keras]'")
+    import jax
+
+    from stages.importer.from_keras import load_keras_file
+    from stages.lower.from_stablehlo import parameter_kinds, stablehlo_text, translate_stablehlo
+    from tests.frontends import cnn_keras
+
+    tmp_path.mkdir(exist_ok=True)
+    cnn_keras.build().save(tmp_path / "cnn.keras")
+    apply, params, example = load_keras_file(tmp_path / "cnn.keras", BATCH)
+    text, names = stablehlo_text(apply, params, example)
+    values = dict(zip(names, (np.asarray(v) for v in jax.tree_util.tree_leaves(params))))
+    func, table, origins = translate_stablehlo(text, names)
+    kinds = parameter_kinds(text, names)
+    layers = describe_parameters([(n, kinds[n], list(values[n].shape)) for n in names], [],
+                                 "keras")
+    step, _ = compile_main(func, table, origins, layers,
+                           {r: values[n] for r, (_, n) in table.items()}, tmp_path)
+    return step, layers
+
+
+def batches(count=2):
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((BATCH, *cnn_jax.IMAGE)).astype("float32"),
+             rng.integers(0, 10, BATCH).astype("int64")) for _ in range(count)]
+
+
+def jax_reference(batches_) -> tuple[list[float], dict[str, np.ndarray]]:
+    """JAX's own gradients (jax.grad of the mean cross entropy) driving torch.optim.SGD's
+    update rule: the losses and the final weights."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss(params, x, y):
+        logp = jax.nn.log_softmax(cnn_jax.apply(params, x))
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    params, buffers, losses = cnn_jax.init(), None, []
+    for x, y in batches_:
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        losses.append(float(value))
+        grads = jax.tree_util.tree_map(lambda g, w: np.asarray(g) + OPT["weight_decay"] * w,
+                                       grads, params)
+        buffers = grads if buffers is None else jax.tree_util.tree_map(
+            lambda b, g: OPT["momentum"] * b + g, buffers, grads)
+        params = jax.tree_util.tree_map(lambda w, b: w - OPT["lr"] * b, params, buffers)
+    return losses, {f"{layer}.{role}": np.asarray(v) for layer, roles in params.items()
+                    for role, v in roles.items()}
+
+
+def torch_reference(batches_) -> tuple[list[float], dict[str, np.ndarray]]:
+    model = torch_cnn().train()
+    optimizer = make_optimizer(model, OPT, {n: None for n, _ in model.named_parameters()})
+    losses = [train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y))
+              for x, y in batches_]
+    return losses, {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+def run_compiled(step, batches_) -> tuple[list[float], dict[str, np.ndarray]]:
+    losses = [step.step(x, y) for x, y in batches_]
+    return losses, {k: v.numpy() for k, v in step.torch_state_dict().items()}
+
+
+def assert_same(got, want, label):
+    (got_losses, got_weights), (want_losses, want_weights) = got, want
+    assert got_losses == pytest.approx(want_losses, rel=1e-5), label
+    assert set(got_weights) == set(want_weights), label
+    for name, value in want_weights.items():
+        np.testing.assert_allclose(got_weights[name], value, rtol=1e-4, atol=1e-6,
+                                   err_msg=f"{label}: {name}")
 
 
 def test_onnx_small_cnn_steps_like_pytorch(tmp_path):
-    torch.manual_seed(0)
-    model = SmallCNN()
-    path = onnx_file(model, torch.zeros(1, 3, 16, 16), tmp_path / "cnn.onnx")
-    step, signature, _ = compile_onnx(path, tmp_path)
+    path = onnx_file(torch_cnn(), torch.zeros(1, *cnn_jax.IMAGE), tmp_path / "cnn.onnx")
+    step, _ = compile_onnx(path, tmp_path)
     # Initializers keep their PyTorch names: one scheme language for both paths.
-    assert sorted(signature["torch_names"].values()) == sorted(model.state_dict())
-    optimizer = make_optimizer(model.train(), OPT, {n: None for n, _ in model.named_parameters()})
-    rng = np.random.default_rng(0)
-    for _ in range(2):
-        x = rng.standard_normal((BATCH, 3, 16, 16)).astype("float32")
-        y = rng.integers(0, 10, BATCH).astype("int64")
-        want = train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y))
-        assert step.step(x, y) == pytest.approx(want, rel=1e-5)
-    after = step.torch_state_dict()
-    for name, value in model.state_dict().items():
-        np.testing.assert_allclose(after[name].numpy(), value.numpy(), rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
+    assert sorted(step.signature["torch_names"].values()) == sorted(shared_weights())
+    assert_same(run_compiled(step, batches()), torch_reference(batches()), "onnx vs PyTorch")
+
+
+def test_jax_small_cnn_steps_like_jax_and_like_the_other_frontends(tmp_path):
+    step, _ = compile_jax(tmp_path / "jax")
+    compiled = run_compiled(step, batches())
+    assert_same(compiled, jax_reference(batches()), "jax vs jax.grad")
+    # The same CNN and weights from PyTorch, and from its ONNX file: the same step.
+    assert_same(compiled, torch_reference(batches()), "jax vs PyTorch")
+    path = onnx_file(torch_cnn(), torch.zeros(1, *cnn_jax.IMAGE), tmp_path / "cnn.onnx")
+    onnx_step, _ = compile_onnx(path, tmp_path / "onnx")
+    assert_same(compiled, run_compiled(onnx_step, batches()), "jax vs onnx")
+
+
+def test_keras_small_cnn_steps_like_the_other_frontends(tmp_path):
+    step, layers = compile_keras(tmp_path / "keras")
+    # Keras's variable paths are the parameter names; kernels are weights, biases biases.
+    assert [(p["name"], p["module"], p["kind"], p["role"]) for p in layers["parameters"]][:2] == [
+        ("conv1/bias", "conv1", "conv", "bias"), ("conv1/kernel", "conv1", "conv", "weight")]
+    nhwc = [(x.transpose(0, 2, 3, 1).copy(), y) for x, y in batches()]
+    losses, weights = run_compiled(step, nhwc)
+    # Back in PyTorch's names and layouts: the same losses and weights as PyTorch's step.
+    back = {}
+    for name, value in weights.items():
+        layer, leaf = name.split("/")
+        torch_value = value.transpose(3, 2, 0, 1) if value.ndim == 4 else value.T
+        back[f"{layer}.{'bias' if leaf == 'bias' else 'weight'}"] = torch_value
+    assert_same((losses, back), torch_reference(batches()), "keras vs PyTorch")
+    # A channel rule on a channels-last kernel is refused, not applied to the wrong axis.
+    rule = {"name": "half", "rules": [{"name": "half", "modules": ["conv1"], "channels": 0.5}]}
+    with pytest.raises(ConfigError, match="HWIO|keras layout"):
+        select(rule, layers)
 
 
 def test_onnx_mobilenet_selects_the_same_layers_and_steps_like_pytorch(tmp_path):
@@ -108,7 +245,7 @@ def test_onnx_mobilenet_selects_the_same_layers_and_steps_like_pytorch(tmp_path)
     assert layers["blocks"] == model.blocks()
     torch_layers = describe_layers(model)
     assert layers["parameters"] == torch_layers["parameters"]
-    step, signature, selected = compile_onnx(path, tmp_path, 8, MBV2_PAPER, patterns)
+    step, selected = compile_onnx(path, tmp_path, 8, MBV2_PAPER, patterns)
     assert selected == select(MBV2_PAPER, torch_layers)
 
     rng = np.random.default_rng(0)
@@ -164,3 +301,33 @@ def test_onnx_op_without_gradient_rule_names_the_node(tmp_path):
     func, names, origins = translate_onnx(model, tmp_path / "atan.onnx")
     with pytest.raises(MissingGradientRule, match=r"relax\.atan in layer my_atan \(Atan\)"):
         build_train_step(func, 1, from_config(OPT), origins)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("frontend", ["onnx", "jax"])
+def test_dvc_builds_a_model_file_without_pretraining(tmp_path, frontend):
+    """`pock compose model=<frontend>` and `dvc repro build@host`: the compiler stages run on the
+    model file (no data or pretrain stage), a second repro does nothing."""
+    if frontend == "jax" and importlib.util.find_spec("jax") is None:
+        pytest.skip("JAX is an optional extra: pip install -e '.[jax]'")
+    repo = workspace(tmp_path / "repo")
+    overrides = [f"model={frontend}", "sparse=full", "devices=[host]"]
+    if frontend == "onnx":
+        onnx_file(torch_cnn(), torch.zeros(1, *cnn_jax.IMAGE), repo / "cnn.onnx")
+        overrides.append("model.source=cnn.onnx")
+    run([sys.executable, "-m", "pipelines.cli", "compose", *overrides], repo)
+    first = run(["dvc", "repro", "build@host"], repo)
+    assert {"import", "lower", "autodiff", "sparse_prune", "optimize",
+            "build@host"} <= ran_stages(first)
+    assert not {"data", "pretrain"} & ran_stages(first)
+    layers = json.loads((repo / "artifacts/import/layers.json").read_text())
+    assert [p["name"] for p in layers["parameters"]] == (
+        list(shared_weights()) if frontend == "onnx" else sorted(shared_weights()))
+    assert (repo / "artifacts/build/host/step.so").is_file()
+    assert ran_stages(run(["dvc", "repro", "build@host"], repo)) == set()
+    # A stage that needs the PyTorch module says so (its command, as DVC would run it).
+    refused = subprocess.run([sys.executable, "-m", "stages.pretrain"], cwd=repo,
+                             capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert f"model.frontend={frontend!r}: this stage needs the model as a PyTorch module" in (
+        refused.stdout + refused.stderr)

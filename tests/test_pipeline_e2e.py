@@ -35,9 +35,9 @@ def ran_stages(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
-@pytest.mark.slow
-def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
-    repo = tmp_path / "repo"
+def workspace(repo: Path) -> Path:
+    """A copy of the repository's tracked files in ``repo``, without artifacts or dvc.lock, as a
+    new git repository: a clean checkout to run the pipeline in."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.split()
     for name in tracked:
@@ -47,6 +47,12 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     shutil.rmtree(repo / "artifacts", ignore_errors=True)
     (repo / "dvc.lock").unlink(missing_ok=True)
     run(["git", "init", "-q"], repo)
+    return repo
+
+
+@pytest.mark.slow
+def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
+    repo = workspace(tmp_path / "repo")
     compose = [sys.executable, "-m", "pipelines.cli", "compose"]
     try:  # with a Docker engine: a box too small for the step, and the host's package
         engine()

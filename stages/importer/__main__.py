@@ -3,11 +3,18 @@
 - torch: the reference model (pipelines/models.py) with the pretrain stage's weights
   (``model.source``), through torch.export.
 - onnx: the ONNX file ``model.source``, checked; its initializers are the weights.
+- jax: the Python file ``model.source``, whose function ``model.entry`` (batch size) returns
+  ``(apply, params, example input)``; ``apply(params, x)`` is lowered to StableHLO.
+- keras: the Keras model file ``model.source`` (.keras), run on Keras's JAX backend and lowered
+  to StableHLO the same way (stages/importer/from_keras.py says why not TFLite or ONNX).
 
 Outputs (artifacts/import/):
   model.pt2    torch: the exported program (training mode: batch norm uses batch statistics)
   model.onnx   torch: the same model as ONNX (inference mode), the interchange format;
                onnx: the file itself, its input's batch dimension fixed to model.batch_size
+  model.mlir   jax, keras: the StableHLO program, main(*parameters, x) -> logits
+  weights.npz  jax, keras: the parameters' values, by name (JAX tree path joined with ".",
+               Keras variable path)
   layers.json  every parameter with its module path, layer kind and block: what schemes select
 """
 from __future__ import annotations
@@ -17,13 +24,14 @@ from pathlib import Path
 
 import torch
 
-from pipelines.artifacts import ROOT, ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.config import PARAMS, choose, load_params, require, run_stage
+from pipelines.artifacts import (ARTIFACTS, ROOT, atomic_dir, save_arrays, write_json_atomic,
+                                 write_manifest, write_text_atomic)
+from pipelines.config import PARAMS, ConfigError, choose, load_params, require, run_stage
 from pipelines.models import build_model, example_input
-from stages.importer.layers import describe_layers, describe_onnx
+from stages.importer.layers import describe_layers, describe_onnx, describe_parameters
 
 OUT = ARTIFACTS / "import"
-FRONTENDS = {"torch", "onnx"}
+FRONTENDS = {"torch", "onnx", "jax", "keras"}
 
 
 def import_torch(model_cfg: dict, weights: Path, out: Path) -> str:
@@ -54,6 +62,48 @@ def import_onnx(model_cfg: dict, path: Path, out: Path) -> str:
             f"{len(layers['parameters'])} trainable parameters")
 
 
+def load_jax_file(model_cfg: dict, path: Path):
+    """(apply, params, example input) from the JAX model file ``path``'s ``model.entry``."""
+    import importlib.util
+
+    try:
+        import jax  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(f"{PARAMS}: model.frontend=jax needs JAX: pip install -e '.[jax]' "
+                          f"({err})") from err
+    entry = str(require({"model": model_cfg}, "model.entry"))
+    spec = importlib.util.spec_from_file_location(f"pock_model_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, entry, None)):
+        raise ConfigError(f"{path}: no function {entry!r} (model.entry)")
+    return getattr(module, entry)(int(require({"model": model_cfg}, "model.batch_size")))
+
+
+def import_stablehlo(model_cfg: dict, path: Path, out: Path) -> str:
+    """The jax and keras frontends: the model's function lowered to StableHLO."""
+    import jax
+    import numpy as np
+
+    from stages.importer.from_keras import load_keras_file
+    from stages.lower.from_stablehlo import parameter_kinds, stablehlo_text
+
+    keras = model_cfg["frontend"] == "keras"
+    apply, params, example = (
+        load_keras_file(path, int(require({"model": model_cfg}, "model.batch_size"))) if keras
+        else load_jax_file(model_cfg, path))
+    text, names = stablehlo_text(apply, params, np.asarray(example))
+    values = [np.asarray(v) for v in jax.tree_util.tree_leaves(params)]
+    write_text_atomic(out / "model.mlir", text)
+    save_arrays(out / "weights.npz", dict(zip(names, values)))
+    kinds = parameter_kinds(text, names)
+    layers = describe_parameters([(n, kinds[n], list(v.shape)) for n, v in zip(names, values)],
+                                 list(model_cfg.get("blocks") or []),
+                                 "keras" if keras else "torch")
+    write_json_atomic(out / "layers.json", layers)
+    return f"imported {path}: {len(names)} parameters, {text.count(chr(10))} lines of StableHLO"
+
+
 def main() -> None:
     params = load_params()
     model_cfg = require(params, "model")
@@ -62,7 +112,8 @@ def main() -> None:
     if not source.exists():
         raise SystemExit(f"import: {PARAMS}: model.source={str(source)!r} does not exist")
     with atomic_dir(OUT) as tmp:
-        done = (import_torch if frontend == "torch" else import_onnx)(model_cfg, source, tmp)
+        done = {"torch": import_torch, "onnx": import_onnx, "jax": import_stablehlo,
+                "keras": import_stablehlo}[frontend](model_cfg, source, tmp)
         write_manifest(tmp, "import", {"source": source}, {"model": model_cfg})
     print(done)
 

@@ -41,11 +41,17 @@ def describe_layers(model: torch.nn.Module) -> dict:
     return {"blocks": blocks, "parameters": params}
 
 
+# Keras's and Flax's leaf names for what schemes call a weight or a bias.
+BIAS_NAMES = {"bias", "beta"}
+
+
 def module_and_role(name: str) -> tuple[str, str]:
     """"features.0.weight" -> ("features.0", "weight"): a parameter name's module path and its
-    role. Frontends give names with "." (ONNX from PyTorch) or "/" (Keras, JAX trees)."""
+    role, weight or bias (Keras's kernel and gamma are weights, beta a bias). Frontends give
+    names with "." (ONNX from PyTorch, JAX trees) or "/" (Keras variable paths)."""
     parts = name.replace("/", ".").rsplit(".", 1)
-    return (parts[0], parts[1]) if len(parts) == 2 else ("", parts[0])
+    module, leaf = (parts[0], parts[1]) if len(parts) == 2 else ("", parts[0])
+    return module, "bias" if leaf in BIAS_NAMES else "weight"
 
 
 def onnx_kind(node) -> str:
@@ -84,9 +90,11 @@ def block_paths(modules: list[str], patterns: list[str]) -> list[str]:
     return blocks
 
 
-def describe_parameters(params: list[tuple[str, str, list[int]]], patterns: list[str]) -> dict:
+def describe_parameters(params: list[tuple[str, str, list[int]]], patterns: list[str],
+                        layout: str = "torch") -> dict:
     """layers.json for a model of another frontend: ``params`` is (name, kind, shape) in model
-    order; ``patterns`` say which module paths are blocks."""
+    order; ``patterns`` say which module paths are blocks. ``layout`` "keras" marks kernels
+    stored channels-last (HWIO convolutions, [in, out] dense), which channel rules refuse."""
     modules = [module_and_role(name)[0] for name, _, _ in params]
     blocks = block_paths(modules, patterns)
     described = []
@@ -96,6 +104,8 @@ def describe_parameters(params: list[tuple[str, str, list[int]]], patterns: list
         described.append({"name": name, "module": module, "kind": kind,
                           "role": module_and_role(name)[1], "block": block,
                           "shape": list(shape)})
+        if layout != "torch" and len(shape) > 1:
+            described[-1]["layout"] = layout
     return {"blocks": blocks, "parameters": described}
 
 

@@ -1,16 +1,19 @@
-"""lower: the imported model as Relax IR (``model.frontend``: torch.export program or ONNX).
+"""lower: the imported model as Relax IR (``model.frontend``: a torch.export program, an ONNX
+file, or a StableHLO program from JAX or Keras).
 
 Outputs (artifacts/lower/):
   model.relax.py  TVMScript of main(x, *parameters, *buffers) -> (logits, *new_buffers)
   model.json      the same module, for the next stage
   params.npz      initial values of every parameter and buffer, by Relax name
   names.json      Relax name -> kind (parameter or buffer) and its name in the source model
-                  ("torch": the PyTorch state-dict name, or the ONNX initializer name, which
-                  for a model exported from PyTorch is the same)
+                  ("torch": the PyTorch state-dict name, the ONNX initializer name, which for
+                  a model exported from PyTorch is the same, the JAX tree path, or the Keras
+                  variable path)
   origins.json    Relax binding name -> the layer it came from (PyTorch module or ONNX node)
 """
 from __future__ import annotations
 
+import numpy as np
 import tvm
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, save_arrays, write_json_atomic, write_manifest
@@ -42,9 +45,21 @@ def lower_onnx():
     return func, names, origins, initial_values(model, names), path
 
 
+def lower_stablehlo():
+    from stages.lower.from_stablehlo import translate_stablehlo
+
+    path = IMPORTED / "model.mlir"
+    with np.load(IMPORTED / "weights.npz") as weights:
+        values = {name: weights[name] for name in weights.files}
+    func, names, origins = translate_stablehlo(path.read_text(), list(values), path)
+    return func, names, origins, {r: values[n] for r, (_, n) in names.items()}, path
+
+
 def main() -> None:
     frontend = require(load_params(), "model.frontend")
-    func, names, origins, values, source = (lower_torch if frontend == "torch" else lower_onnx)()
+    lower = {"torch": lower_torch, "onnx": lower_onnx, "jax": lower_stablehlo,
+             "keras": lower_stablehlo}[frontend]
+    func, names, origins, values, source = lower()
     ordered = [v.name for v in func.params[1:]]
     table = {name: {"kind": names[name][0], "torch": names[name][1]} for name in ordered}
     with atomic_dir(OUT) as tmp:

@@ -214,12 +214,21 @@ class _Importer(StableHLOImporter):
                                       "convolutions are not supported")
         pad = (np.asarray(self._attr2value(attrs["padding"])).reshape(spatial, 2).tolist()
                if "padding" in attrs else [[0, 0], [0, 0]])
-        return self._emit(relax.op.nn.conv2d(
-            x, weight, strides=window("window_strides", 1),
+        # In NCHW/OIHW, the layouts Relax's conv2d gradient takes; channels-last models (Keras)
+        # get transposes around the convolution.
+        y = self._emit(relax.op.nn.conv2d(
+            self._relayout(x, data, "NCHW"), self._relayout(weight, kernel, "OIHW"),
+            strides=window("window_strides", 1),
             padding=[pad[0][0], pad[1][0], pad[0][1], pad[1][1]],
             dilation=window("rhs_dilation", 1),
-            groups=int(attrs["feature_group_count"].value),
-            data_layout=data, kernel_layout=kernel, out_layout=out))
+            groups=int(attrs["feature_group_count"].value)))
+        return self._relayout(y, "NCHW", out)
+
+    def _relayout(self, value, source: str, target: str):
+        """``value`` with axes named by ``source`` (e.g. "NHWC") permuted to ``target``."""
+        if source == target:
+            return value
+        return self._emit(relax.op.permute_dims(value, [source.index(c) for c in target]))
 
     def _dot(self, node):
         """dot_general as one (batched) matmul: each side is permuted to (batch, free,
@@ -282,10 +291,11 @@ class _Importer(StableHLOImporter):
             raise NotImplementedError("reduce_window: only max pooling over two axes")
         layout = "NCHW" if spatial in ([2, 3], [2], [3], []) else "NHWC"
         axes = [2, 3] if layout == "NCHW" else [1, 2]
-        return self._emit(relax.op.nn.max_pool2d(
-            value, pool_size=[sizes[a] for a in axes], strides=[strides[a] for a in axes],
-            padding=[pad[axes[0]][0], pad[axes[1]][0], pad[axes[0]][1], pad[axes[1]][1]],
-            layout=layout))
+        pooled = self._emit(relax.op.nn.max_pool2d(  # NCHW: the layout its gradient takes
+            self._relayout(value, layout, "NCHW"), pool_size=[sizes[a] for a in axes],
+            strides=[strides[a] for a in axes],
+            padding=[pad[axes[0]][0], pad[axes[1]][0], pad[axes[0]][1], pad[axes[1]][1]]))
+        return self._relayout(pooled, "NCHW", layout)
 
 
 def _is_identity(init, value: float) -> bool:
@@ -330,3 +340,39 @@ def translate_stablehlo(text: str, names: list[str], source="model"
         bb.emit_func_output(output)
     func = with_buffers(bb.get()["main"], [])
     return func, table, origins_of(func, produced)
+
+
+def parameter_kinds(text: str, names: list[str]) -> dict[str, str]:
+    """The layer kind of each parameter, from the op that uses it (through transposes and
+    reshapes): a convolution's kernel is conv, conv_pointwise (1x1) or conv_depthwise (one input
+    channel per group), a dot's operand linear. The module's other parameters (its bias) share
+    its kind; a module with neither is "other"."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    from stages.importer.layers import module_and_role
+
+    module = parse(text)
+    block = next(op.regions[0].blocks[0] for op in module.body.operations
+                 if str(op.attributes["sym_name"]).strip('"') == "main")
+    origin = {block.arguments[i].get_name(): names[i] for i in range(len(names))}
+    kinds: dict[str, str] = {}
+    for op in block.operations:
+        name = op.operation.name
+        sources = [origin.get(v.get_name()) for v in op.operands]
+        if name in ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert") and sources[0]:
+            origin[op.results[0].get_name()] = sources[0]  # still that parameter
+        elif name == "stablehlo.convolution" and sources[1]:
+            numbers = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+            shape = list(op.operands[1].type.shape)
+            spatial = [shape[d] for d in numbers.kernel_spatial_dimensions]
+            if int(op.attributes["feature_group_count"].value) > 1:
+                depthwise = shape[numbers.kernel_input_feature_dimension] == 1
+                kinds[sources[1]] = "conv_depthwise" if depthwise else "conv"
+            else:
+                kinds[sources[1]] = "conv_pointwise" if spatial == [1, 1] else "conv"
+        elif name == "stablehlo.dot_general":
+            for source in sources:
+                if source:
+                    kinds[source] = "linear"
+    by_module = {module_and_role(n)[0]: k for n, k in kinds.items()}
+    return {n: kinds.get(n, by_module.get(module_and_role(n)[0], "other")) for n in names}

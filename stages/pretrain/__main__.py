@@ -23,9 +23,9 @@ def main() -> None:
     model_cfg, cfg = require(params, "model"), require(params, "pretrain")
     seed = int(require(params, "seed"))
     seed_everything(seed)
+    model = build_model(model_cfg).train()
     data = np.load(DATA)
     x, y = data["pretrain_train_x"], data["pretrain_train_y"]
-    model = build_model(model_cfg).train()
     opt = make_optimizer(model, cfg)
     batch = int(cfg["batch_size"])
     for epoch in range(int(cfg["epochs"])):

@@ -59,6 +59,10 @@ def _channels(rule: dict, param: dict, axis: int, rule_name: str) -> list[int] |
     spec = rule.get("channels")
     if spec is None or axis >= len(param["shape"]):
         return None
+    if "layout" in param:  # the channel engine slices PyTorch layouts (OIHW, [out, in])
+        raise _rule_error(rule_name, f"channels on {param['name']!r}: its kernel has the "
+                                     f"{param['layout']} layout; channel selection needs "
+                                     "PyTorch's (select the whole tensor instead)")
     if param["kind"] == "conv_depthwise" and axis == 1:
         raise _rule_error(rule_name, f"axis=input on depthwise conv {param['module']!r}: it has "
                                      "one input channel per group; use axis: output")

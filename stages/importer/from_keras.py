@@ -1,0 +1,66 @@
+"""A Keras model file (``.keras``, saved by Keras 3 under any backend, TensorFlow's included) as
+the JAX frontend takes a model: ``(apply, params, example input)``.
+
+Keras 3 runs the model on its JAX backend, where ``stateless_call`` is a pure function of the
+model's variables; it is lowered to StableHLO like any JAX model. The parameters keep Keras's
+variable paths ("sequential/conv1/kernel"), so schemes select Keras layers by name. Why not
+TFLite or ONNX: a TFLite conversion folds and renames weights (a dense kernel becomes a
+transposed constant, activations fuse into convolutions), and Keras's ONNX export names
+initializers after graph nodes ("onnx::Conv_54"); both lose what schemes select by. TensorFlow
+itself is not needed to train a Keras model here.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.config import PARAMS, ConfigError
+
+
+def load_keras():
+    """Keras on its JAX backend (set before Keras is first imported)."""
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    try:
+        import keras
+    except ImportError as err:
+        raise ConfigError(f"{PARAMS}: model.frontend=keras needs Keras and JAX: pip install -e "
+                          f"'.[keras]' ({err})") from err
+    if keras.backend.backend() != "jax":
+        raise ConfigError(f"KERAS_BACKEND={keras.backend.backend()!r}: the keras frontend runs "
+                          "Keras on JAX; unset KERAS_BACKEND or set it to jax")
+    return keras
+
+
+def keras_function(model, batch_size: int):
+    """(apply, params, example input) for a built Keras model; params by variable path."""
+    if model.non_trainable_variables:
+        names = [v.path for v in model.non_trainable_variables]
+        raise ConfigError(f"Keras model {model.name!r}: non-trainable variables {names[:4]} "
+                          "(e.g. batch-norm moving statistics) are not carried by the keras "
+                          "frontend yet")
+    paths = [v.path for v in model.trainable_variables]
+    params = {path: np.asarray(v.value) for path, v in zip(paths, model.trainable_variables)}
+
+    def apply(params, x):
+        logits, _ = model.stateless_call([params[p] for p in paths], [], x, training=True)
+        return logits
+
+    if len(model.inputs) != 1:
+        raise ConfigError(f"Keras model {model.name!r}: a model to fine-tune takes one input; "
+                          f"this one takes {len(model.inputs)}")
+    shape = [batch_size if d is None else int(d) for d in model.inputs[0].shape]
+    return apply, params, np.zeros(shape, model.inputs[0].dtype)
+
+
+def load_keras_file(path: Path, batch_size: int):
+    keras = load_keras()
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such Keras model file (model.source)")
+    try:
+        model = keras.saving.load_model(path, compile=False)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"{path}: not a Keras model file ({str(err).strip()[:300]})") from err
+    return keras_function(model, batch_size)
