@@ -325,9 +325,54 @@ def test_dvc_builds_a_model_file_without_pretraining(tmp_path, frontend):
         list(shared_weights()) if frontend == "onnx" else sorted(shared_weights()))
     assert (repo / "artifacts/build/host/step.so").is_file()
     assert ran_stages(run(["dvc", "repro", "build@host"], repo)) == set()
+    # Byte-identical: importing and lowering again writes the same files.
+    forced = run(["dvc", "repro", "--force", "--single-item", "import", "lower"], repo)
+    assert ran_stages(forced) == {"import", "lower"}
+    assert "up to date" in run(["dvc", "status", "build@host"], repo)
     # A stage that needs the PyTorch module says so (its command, as DVC would run it).
     refused = subprocess.run([sys.executable, "-m", "stages.pretrain"], cwd=repo,
                              capture_output=True, text=True)
     assert refused.returncode != 0
     assert f"model.frontend={frontend!r}: this stage needs the model as a PyTorch module" in (
         refused.stdout + refused.stderr)
+
+
+def test_jax_and_keras_bad_input_is_named(tmp_path):
+    pytest.importorskip("jax", reason="JAX is an optional extra: pip install -e '.[jax]'")
+    import jax.numpy as jnp
+    from jax import lax
+
+    from stages.importer.__main__ import load_jax_file
+    from stages.lower.from_stablehlo import stablehlo_text, translate_stablehlo
+
+    params = {"fc": {"weight": np.ones((4, 4), "float32")}}
+    x = np.zeros((2, 4), "float32")
+    # An op with no converter, and a form of a known op that is not converted: op and place.
+    text, names = stablehlo_text(lambda p, x: jnp.sort(x @ p["fc"]["weight"], axis=1), params, x)
+    with pytest.raises(ConfigError, match=r"sorted\.mlir: StableHLO ops with no converter: "
+                                          r"stablehlo\.sort \(op #\d+ of @sort\)"):
+        translate_stablehlo(text, names, "sorted.mlir")
+    text, names = stablehlo_text(
+        lambda p, x: lax.reduce_window(x @ p["fc"]["weight"], 0.0, lax.add, (1, 2), (1, 2),
+                                       "VALID"), params, x)
+    with pytest.raises(ConfigError, match=r"stablehlo\.reduce_window \(op #\d+ of its "
+                                          r"function\) cannot be converted: .*max pooling"):
+        translate_stablehlo(text, names, "summed.mlir")
+    source = tmp_path / "model.py"
+    source.write_text("def build(batch_size):\n    return None\n")
+    with pytest.raises(ConfigError, match=r"model\.py: no function 'model' \(model\.entry\)"):
+        load_jax_file({"entry": "model", "batch_size": 2}, source)
+
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip("Keras is an optional extra: pip install -e '.[keras]'")
+    from stages.importer.from_keras import keras_function, load_keras, load_keras_file
+
+    junk = tmp_path / "junk.keras"
+    junk.write_bytes(b"not a zip archive")
+    with pytest.raises(ConfigError, match=r"junk\.keras: not a Keras model file"):
+        load_keras_file(junk, 2)
+    keras = load_keras()
+    normed = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(name="bn"),
+                               keras.layers.Dense(2)])
+    with pytest.raises(ConfigError, match=r"non-trainable variables \['[\w/]*bn/moving_mean'"):
+        keras_function(normed, 2)

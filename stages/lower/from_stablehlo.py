@@ -10,8 +10,10 @@ a PyTorch module's.
 
 TVM 0.27's StableHLO importer reads only the simplest forms of several ops: it ignores
 convolution and dot dimension numbers, broadcast dimensions and pooling padding, and handles one
-function. Its type and attribute readers and elementwise converters are used as they are; the
-ops below are converted here from their full attributes, and calls are inlined first.
+function. Its elementwise converters are used as they are; the ops below are converted here
+from their full attributes, calls (JAX keeps e.g. ``relu`` a function of its own) are followed
+into their functions, and the type and attribute readers are written for jaxlib 0.10's MLIR
+bindings, which the frontend's no longer match.
 """
 from __future__ import annotations
 
@@ -26,17 +28,15 @@ from stages.lower.translate import origins_of, with_buffers
 
 
 def stablehlo_text(apply, params: dict, example: np.ndarray) -> tuple[str, list[str]]:
-    """``apply(params, x)`` lowered to StableHLO text with every call inlined, and the names of
-    its parameters in argument order (the last argument is ``x``)."""
+    """``apply(params, x)`` lowered to StableHLO text (without source locations, so the text
+    does not depend on where the model file lies), and the names of its parameters in argument
+    order (the last argument is ``x``)."""
     import jax
-    from jaxlib.mlir import passmanager
 
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     names = [".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
              for path, _ in leaves]
     module = jax.jit(apply).lower(params, example).compiler_ir("stablehlo")
-    with module.context:
-        passmanager.PassManager.parse("builtin.module(inline,symbol-dce)").run(module.operation)
     return module.operation.get_asm(enable_debug_info=False), names
 
 
@@ -69,9 +69,10 @@ class _Importer(StableHLOImporter):
     their full attributes, its type and attribute readers written for jaxlib 0.10's MLIR
     bindings, and calls followed into their functions."""
 
-    def __init__(self, functions: dict):
+    def __init__(self, functions: dict, source):
         super().__init__()
         self.functions = functions  # callee name -> its block
+        self.source = source  # the file, for errors
         # Per function being converted (calls nest): SSA value name -> Relax expression.
         self.scopes: list[dict] = []
 
@@ -119,7 +120,11 @@ class _Importer(StableHLOImporter):
                     values = self.run(self.functions[callee], self.retrieve_operands(op),
                                       produced)
                 else:
-                    values = [self.convert_map[name](op)]
+                    try:
+                        values = [self.convert_map[name](op)]
+                    except NotImplementedError as err:  # a form of the op not converted
+                        raise ConfigError(f"{self.source}: {name} (op #{index} of its function) "
+                                          f"cannot be converted: {err}") from err
                 for result, value in zip(op.results, values):
                     scope[result.get_name()] = value
                     if isinstance(value, relax.Var):
@@ -311,17 +316,19 @@ def translate_stablehlo(text: str, names: list[str], source="model"
     functions = {str(op.attributes["sym_name"]).strip('"'): op.regions[0].blocks[0]
                  for op in module.body.operations}
     block = functions["main"]
-    importer = _Importer(functions)
+    importer = _Importer(functions, source)
     types = list(block.arguments.types)
     if len(types) != len(names) + 1:
         raise ConfigError(f"{source}: the program takes {len(types)} arguments; expected the "
                           f"{len(names)} parameters and the input")
-    unsupported = sorted({op.operation.name for b in functions.values() for op in b.operations
-                          if op.operation.name not in importer.convert_map
-                          and op.operation.name not in ("func.call", "func.return",
-                                                        "stablehlo.return")})
+    known = set(importer.convert_map) | {"func.call", "func.return", "stablehlo.return"}
+    unsupported = [f"{op.operation.name} (op #{index} of @{function})"
+                   for function, b in functions.items()
+                   for index, op in enumerate(b.operations) if op.operation.name not in known]
     if unsupported:
-        raise ConfigError(f"{source}: StableHLO ops with no converter: {', '.join(unsupported)}")
+        raise ConfigError(f"{source}: StableHLO ops with no converter: "
+                          + ", ".join(unsupported[:8])
+                          + (f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""))
     taken: set[str] = set()
     inputs, table = [], {}
     for index, ty in enumerate(types):
