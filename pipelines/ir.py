@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import tvm
@@ -29,6 +30,18 @@ def nbytes(expr_or_type) -> int:
 
 def tensor_type(shape, dtype: str) -> relax.TensorType:
     return relax.TensorType(list(shape), dtype)
+
+
+def identifier(name: str, taken: set[str]) -> str:
+    """A valid Relax variable name for a frontend's tensor name ("features.0.weight" ->
+    "features_0_weight"), unique among ``taken`` (which it joins)."""
+    base = re.sub(r"\W", "_", name.removeprefix("onnx::")) or "tensor"
+    base = base if base[0].isalpha() or base[0] == "_" else f"t_{base}"
+    unique, i = base, 1
+    while unique in taken:
+        unique, i = f"{base}_{i}", i + 1
+    taken.add(unique)
+    return unique
 
 
 def save_ir(mod: tvm.IRModule, directory: Path, stem: str) -> None:

@@ -137,7 +137,7 @@ def compile_keras(tmp_path):
                                  "keras")
     step, _ = compile_main(func, table, origins, layers,
                            {r: values[n] for r, (_, n) in table.items()}, tmp_path)
-    return step, layers
+    return step, layers, apply, params
 
 
 def batches(count=2):
@@ -146,17 +146,20 @@ def batches(count=2):
              rng.integers(0, 10, BATCH).astype("int64")) for _ in range(count)]
 
 
-def jax_reference(batches_) -> tuple[list[float], dict[str, np.ndarray]]:
-    """JAX's own gradients (jax.grad of the mean cross entropy) driving torch.optim.SGD's
-    update rule: the losses and the final weights."""
+def jax_reference(apply, params, batches_) -> tuple[list[float], dict[str, np.ndarray]]:
+    """The source framework's own gradients (jax.grad of the mean cross entropy of
+    ``apply(params, x)``) driving torch.optim.SGD's update rule: the losses and the final
+    weights, by parameter name."""
     import jax
     import jax.numpy as jnp
 
+    from stages.lower.from_stablehlo import parameter_names
+
     def loss(params, x, y):
-        logp = jax.nn.log_softmax(cnn_jax.apply(params, x))
+        logp = jax.nn.log_softmax(apply(params, x))
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
 
-    params, buffers, losses = cnn_jax.init(), None, []
+    buffers, losses = None, []
     for x, y in batches_:
         value, grads = jax.value_and_grad(loss)(params, x, y)
         losses.append(float(value))
@@ -165,8 +168,8 @@ def jax_reference(batches_) -> tuple[list[float], dict[str, np.ndarray]]:
         buffers = grads if buffers is None else jax.tree_util.tree_map(
             lambda b, g: OPT["momentum"] * b + g, buffers, grads)
         params = jax.tree_util.tree_map(lambda w, b: w - OPT["lr"] * b, params, buffers)
-    return losses, {f"{layer}.{role}": np.asarray(v) for layer, roles in params.items()
-                    for role, v in roles.items()}
+    return losses, dict(zip(parameter_names(params),
+                            (np.asarray(v) for v in jax.tree_util.tree_leaves(params))))
 
 
 def torch_reference(batches_) -> tuple[list[float], dict[str, np.ndarray]]:
@@ -202,7 +205,8 @@ def test_onnx_small_cnn_steps_like_pytorch(tmp_path):
 def test_jax_small_cnn_steps_like_jax_and_like_the_other_frontends(tmp_path):
     step, _ = compile_jax(tmp_path / "jax")
     compiled = run_compiled(step, batches())
-    assert_same(compiled, jax_reference(batches()), "jax vs jax.grad")
+    assert_same(compiled, jax_reference(cnn_jax.apply, cnn_jax.init(), batches()),
+                "jax vs jax.grad")
     # The same CNN and weights from PyTorch, and from its ONNX file: the same step.
     assert_same(compiled, torch_reference(batches()), "jax vs PyTorch")
     path = onnx_file(torch_cnn(), torch.zeros(1, *cnn_jax.IMAGE), tmp_path / "cnn.onnx")
@@ -211,12 +215,14 @@ def test_jax_small_cnn_steps_like_jax_and_like_the_other_frontends(tmp_path):
 
 
 def test_keras_small_cnn_steps_like_the_other_frontends(tmp_path):
-    step, layers = compile_keras(tmp_path / "keras")
+    step, layers, apply, params = compile_keras(tmp_path / "keras")
     # Keras's variable paths are the parameter names; kernels are weights, biases biases.
     assert [(p["name"], p["module"], p["kind"], p["role"]) for p in layers["parameters"]][:2] == [
         ("conv1/bias", "conv1", "conv", "bias"), ("conv1/kernel", "conv1", "conv", "weight")]
     nhwc = [(x.transpose(0, 2, 3, 1).copy(), y) for x, y in batches()]
     losses, weights = run_compiled(step, nhwc)
+    # Keras's own gradients (jax.grad through its JAX backend's stateless_call).
+    assert_same((losses, weights), jax_reference(apply, params, nhwc), "keras vs jax.grad")
     # Back in PyTorch's names and layouts: the same losses and weights as PyTorch's step.
     back = {}
     for name, value in weights.items():

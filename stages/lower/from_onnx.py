@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import onnx
@@ -26,6 +25,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map
 
 from pipelines.config import ConfigError
+from pipelines.ir import identifier
 from stages.lower.translate import origins_of, training_batch_norm, with_buffers
 
 # Ops the importer handles without a converter class.
@@ -36,7 +36,7 @@ def load_onnx(path: Path) -> onnx.ModelProto:
     """The model in ``path``, checked: a clear error for a missing or invalid file."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: no such ONNX file (model.path)")
+        raise ConfigError(f"{path}: no such ONNX file (model.source)")
     try:
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
@@ -120,17 +120,6 @@ def check_supported(graph: onnx.GraphProto, source: Path) -> None:
                           + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
 
 
-def relax_name(onnx_name: str, taken: set[str]) -> str:
-    """A valid, unique Relax identifier for an ONNX tensor name."""
-    name = re.sub(r"\W", "_", onnx_name.removeprefix("onnx::")) or "tensor"
-    name = name if name[0].isalpha() or name[0] == "_" else f"t_{name}"
-    unique, i = name, 1
-    while unique in taken:
-        unique, i = f"{name}_{i}", i + 1
-    taken.add(unique)
-    return unique
-
-
 class _Importer(ONNXGraphImporter):
     """TVM's importer with trainable initializers, training-mode batch norm, and a record of the
     ONNX node behind every Relax var it returns."""
@@ -150,7 +139,7 @@ class _Importer(ONNXGraphImporter):
             if not is_float(tensor):
                 self._nodes[tensor.name] = relax.const(array)
                 continue
-            var = self._new_var(relax_name(tensor.name, taken), shape=array.shape,
+            var = self._new_var(identifier(tensor.name, taken), shape=array.shape,
                                 dtype=array.dtype)
             self._nodes[tensor.name] = var
             if tensor.name in self.buffer_names:  # inputs after the parameters

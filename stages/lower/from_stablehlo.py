@@ -17,13 +17,12 @@ bindings, which the frontend's no longer match.
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 from tvm import relax
 from tvm.relax.frontend.stablehlo.stablehlo_translator import StableHLOImporter
 
 from pipelines.config import ConfigError
+from pipelines.ir import identifier
 from stages.lower.translate import origins_of, with_buffers
 
 
@@ -33,11 +32,17 @@ def stablehlo_text(apply, params: dict, example: np.ndarray) -> tuple[str, list[
     order (the last argument is ``x``)."""
     import jax
 
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    names = [".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-             for path, _ in leaves]
     module = jax.jit(apply).lower(params, example).compiler_ir("stablehlo")
-    return module.operation.get_asm(enable_debug_info=False), names
+    return module.operation.get_asm(enable_debug_info=False), parameter_names(params)
+
+
+def parameter_names(params) -> list[str]:
+    """The leaves of a parameter tree, in JAX's order, as their paths joined with "."."""
+    import jax
+
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    return [".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+            for path, _ in leaves]
 
 
 def parse(text: str):
@@ -48,16 +53,6 @@ def parse(text: str):
 
 def _ints(attr) -> list[int]:
     return [int(v) for v in attr]
-
-
-def relax_name(name: str, taken: set[str]) -> str:
-    base = re.sub(r"\W", "_", name) or "p"
-    base = base if base[0].isalpha() or base[0] == "_" else f"p_{base}"
-    unique, i = base, 1
-    while unique in taken:
-        unique, i = f"{base}_{i}", i + 1
-    taken.add(unique)
-    return unique
 
 
 DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
@@ -333,7 +328,7 @@ def translate_stablehlo(text: str, names: list[str], source="model"
     inputs, table = [], {}
     for index, ty in enumerate(types):
         label = names[index] if index < len(names) else "x"
-        var = relax.Var(relax_name(label, taken), relax.TensorType(
+        var = relax.Var(identifier(label, taken), relax.TensorType(
             importer.get_shape(ty), importer._convert_data_type(ty)))
         inputs.append(var)
         if index < len(names):
