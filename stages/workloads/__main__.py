@@ -1,18 +1,21 @@
-"""workloads: the LLaMA-style decoder's training step against PyTorch on the host profile.
+"""workloads: the text models' training steps against PyTorch on the host profile.
 
 Usage: python -m stages.workloads
-For ``workloads.model`` (conf/model/<name>.yaml, at its reference size) and each scheme of
-``workloads.schemes`` (conf/sparse): import, autodiff, prune, optimize and build the step here
+For each model of ``workloads.models`` (conf/model/<name>.yaml at its reference size: the
+LLaMA-style decoder llama_tiny, the pretrained MiniLM encoder) and each of its schemes
+(conf/sparse): import, autodiff, prune, optimize and build the step here
 (matrix products on the backend measured faster, as build@host does), check its first step's
 loss against PyTorch's, then time it as the benchmark does (a fresh process per case, the
 profile's cores, ``benchmark.warmup`` then ``benchmark.steps`` steps). In the same run: PyTorch
 eager full backpropagation, eager with the scheme's frozen layers frozen, and `torch.compile`d
 full backpropagation.
 
-The model starts from a seeded random initialisation and trains on one batch of seeded random
-tokens (synthetic: this stage measures speed and memory, not quality).
-Output: artifacts/workloads/metrics.json (DVC metrics): per scheme, ms per step, tokens/s,
-GFLOP/s, peak memory, the ratios to each PyTorch case, and which backend each product took.
+A model starts from its weights (seeded random for llama_tiny; MiniLM's pretrained encoder with
+a seeded head) and trains on one batch of seeded random tokens and labels (synthetic: this
+stage measures speed and memory, not quality).
+Output: artifacts/workloads/metrics.json (DVC metrics): per model and scheme, ms per step,
+tokens/s, GFLOP/s, peak memory, the ratios to each PyTorch case, and which backend each product
+took.
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ import numpy as np
 import torch
 
 from pipelines.artifacts import ARTIFACTS, save_arrays, write_json_atomic
-from pipelines.config import (ConfigError, load_conf_entry, load_params, require, resolved_profile, run_stage,
-                              tvm_target)
+from pipelines.config import (ConfigError, load_conf_entry, load_params, require,
+                              resolved_profile, run_stage, tvm_target)
 from pipelines.models import build_model
 from pipelines.progress import progress
 from pipelines.step import CompiledStep, save_step, selection_of
@@ -43,32 +46,63 @@ OUT = ARTIFACTS / "workloads" / "metrics.json"
 CHECKED_STEPS, LOSS_RTOL = 2, 1e-4
 
 
+TEXT_ARCHS = {"llama", "minilm"}
+
+
 def load_model(name: str) -> dict:
-    model = load_conf_entry("model", name, "workloads.model")
-    if model.get("arch") != "llama":
-        raise ConfigError(f"params.yaml: workloads.model={name!r} is a {model.get('arch')} "
-                          f"model; this stage measures decoders (arch llama)")
+    model = load_conf_entry("model", name, "workloads.models")
+    if model.get("arch") not in TEXT_ARCHS:
+        raise ConfigError(f"params.yaml: workloads.models names {name!r}, a {model.get('arch')} "
+                          f"model; this stage measures text models (arch {sorted(TEXT_ARCHS)})")
     return model
 
 
 def main() -> None:
     params = load_params()
     profile = resolved_profile("host")
-    model = load_model(str(require(params, "workloads.model")))
-    schemes = [load_conf_entry("sparse", n, "workloads.schemes")
-               for n in require(params, "workloads.schemes")]
+    wanted = require(params, "workloads.models")
+    if not isinstance(wanted, dict) or not wanted:
+        raise ConfigError("params.yaml: workloads.models must map model names to lists of "
+                          "schemes, e.g. {llama_tiny: [full, transformer_paper]}")
+    # Every name checked before any work.
+    workloads = [(load_model(name), [load_conf_entry("sparse", s, f"workloads.models.{name}")
+                                     for s in schemes]) for name, schemes in wanted.items()]
+    metrics = {model["name"]: measure(model, schemes, params, profile)
+               for model, schemes in workloads}
+    write_json_atomic(OUT, metrics)
+    for model, rows in metrics.items():
+        eager = rows["torch_eager_full"]
+        for name, row in rows["schemes"].items():
+            print(f"{model} {name}: {row['compiled']['tokens_per_s']:.0f} tokens/s; "
+                  f"{row['speedup_vs_torch_eager_full']:.2f}x PyTorch eager full BP "
+                  f"({eager['tokens_per_s']:.0f} tokens/s), "
+                  f"{row['speedup_vs_torch_eager_frozen']:.2f}x eager with the same layers "
+                  f"frozen, {row['speedup_vs_torch_compile_full']:.2f}x torch.compile full BP")
+
+
+def synthetic_batch(model: dict, net: torch.nn.Module, seed: int):
+    """Seeded random token ids and labels: next tokens for a decoder (one per position),
+    classes for an encoder with a classification head (one per sequence)."""
+    rng = np.random.default_rng(seed)
+    vocab = next(m for m in net.modules() if isinstance(m, torch.nn.Embedding)).num_embeddings
+    batch, seq = int(model["batch_size"]), int(model["seq_len"])
+    x = rng.integers(0, vocab, (batch, seq))
+    y = (rng.integers(0, vocab, batch * seq) if model["arch"] == "llama"
+         else rng.integers(0, int(model["num_classes"]), batch))
+    return x, y
+
+
+def measure(model: dict, schemes: list[dict], params: dict, profile: dict) -> dict:
+    """One model's rows: its compiled step per scheme and the PyTorch cases, timed."""
     optimizer, seed = require(params, "optimizer"), int(params["seed"])
     bench = require(params, "benchmark")
     tokens = int(model["batch_size"]) * int(model["seq_len"])
-
     scratch = Path(tempfile.mkdtemp(prefix="pock-workloads-"))
     try:
         torch.manual_seed(seed)
         net = build_model(model).train()
         torch.save(net.state_dict(), scratch / "weights.pt")
-        rng = np.random.default_rng(seed)
-        x = rng.integers(0, int(model["vocab"]), (int(model["batch_size"]), int(model["seq_len"])))
-        y = rng.integers(0, int(model["vocab"]), tokens)
+        x, y = synthetic_batch(model, net, seed)
         save_arrays(scratch / "batch.npz", {"x": x, "y": y})
         spec = {"cores": int(profile["cores"]), "batch": int(model["batch_size"]),
                 "warmup": int(bench["warmup"]), "steps": int(bench["steps"]),
@@ -81,7 +115,7 @@ def main() -> None:
         spec["initial"] = str(scratch / "initial.npz")
 
         rows = {}
-        for scheme in progress(schemes, "workloads"):
+        for scheme in progress(schemes, f"workloads {model['name']}"):
             step, sig, summary = prune_scheme(scheme, layers, full, signature)
             directory = scratch / scheme["name"]
             directory.mkdir()
@@ -94,9 +128,9 @@ def main() -> None:
             compiled_loss = [compiled_step.step(x, y) for _ in range(CHECKED_STEPS)]
             torch_loss = torch_losses(model, optimizer, frozen, x, y)
             if not np.allclose(compiled_loss, torch_loss, rtol=LOSS_RTOL, atol=0):
-                raise SystemExit(f"error: {scheme['name']}: the compiled step's losses "
-                                 f"{compiled_loss} are not PyTorch's {torch_loss} (rtol "
-                                 f"{LOSS_RTOL})")
+                raise SystemExit(f"error: {model['name']} {scheme['name']}: the compiled "
+                                 f"step's losses {compiled_loss} are not PyTorch's "
+                                 f"{torch_loss} (rtol {LOSS_RTOL})")
             rows[scheme["name"]] = {
                 "compiled": run_isolated("compiled", dict(spec, build_dir=str(directory))),
                 "torch_eager_frozen": run_isolated("torch_eager_frozen", frozen),
@@ -104,8 +138,9 @@ def main() -> None:
                 "loss_compiled": compiled_loss, "loss_torch": torch_loss,
                 "backends": dict(Counter(r["backend"] for r in backends.values())),
             }
-            print(f"{scheme['name']}: compiled {rows[scheme['name']]['compiled']['median_ms']:.1f}"
-                  f" ms/step; products {rows[scheme['name']]['backends']}", flush=True)
+            print(f"{model['name']} {scheme['name']}: compiled "
+                  f"{rows[scheme['name']]['compiled']['median_ms']:.1f} ms/step; products "
+                  f"{rows[scheme['name']]['backends']}", flush=True)
         eager = run_isolated("torch_eager_full", spec)
         compiled_torch = run_isolated("torch_compile_full", spec)
     finally:
@@ -129,16 +164,9 @@ def main() -> None:
             memory_ratio_vs_torch_eager_full=(row["compiled"]["peak_rss_bytes"]
                                               / eager["peak_rss_bytes"]
                                               if eager["peak_rss_bytes"] else None))
-    write_json_atomic(OUT, {"model": model["name"], "tokens_per_step": tokens,
-                            "data": "synthetic: seeded random tokens",
-                            "sgemm_peak_gflop_per_s": peak, "torch_eager_full": eager,
-                            "torch_compile_full": compiled_torch, "schemes": rows})
-    for name, row in rows.items():
-        print(f"{model['name']} {name}: {row['compiled']['tokens_per_s']:.0f} tokens/s; "
-              f"{row['speedup_vs_torch_eager_full']:.2f}x PyTorch eager full BP "
-              f"({eager['tokens_per_s']:.0f} tokens/s), "
-              f"{row['speedup_vs_torch_eager_frozen']:.2f}x eager with the same layers frozen, "
-              f"{row['speedup_vs_torch_compile_full']:.2f}x torch.compile full BP")
+    return {"tokens_per_step": tokens, "data": "synthetic: seeded random tokens and labels",
+            "sgemm_peak_gflop_per_s": peak, "torch_eager_full": eager,
+            "torch_compile_full": compiled_torch, "schemes": rows}
 
 
 def torch_losses(model: dict, optimizer: dict, spec: dict, x, y) -> list[float]:
