@@ -107,7 +107,7 @@ def compile_jax(tmp_path):
     from stages.lower.from_stablehlo import parameter_kinds, stablehlo_text, translate_stablehlo
 
     apply, params, example = cnn_jax.model(BATCH)
-    text, names = stablehlo_text(apply, params, example)
+    text, names, _ = stablehlo_text(apply, params, example)
     values = dict(zip(names, (np.asarray(v) for v in jax.tree_util.tree_leaves(params))))
     func, table, origins = translate_stablehlo(text, names)
     kinds = parameter_kinds(text, names)
@@ -116,8 +116,9 @@ def compile_jax(tmp_path):
                         {r: values[n] for r, (_, n) in table.items()}, tmp_path)
 
 
-def compile_keras(tmp_path):
-    """tests/frontends/cnn_keras.py saved as a .keras file, through import and lower, compiled."""
+def compile_keras(tmp_path, model=None):
+    """A Keras model (tests/frontends/cnn_keras.py's by default) saved as a .keras file, through
+    import and lower, compiled: (step, layers, apply, params, buffers)."""
     if importlib.util.find_spec("keras") is None:  # imported on its JAX backend below
         pytest.skip("Keras is an optional extra: pip install -e '.[keras]'")
     import jax
@@ -127,17 +128,20 @@ def compile_keras(tmp_path):
     from tests.frontends import cnn_keras
 
     tmp_path.mkdir(exist_ok=True)
-    cnn_keras.build().save(tmp_path / "cnn.keras")
-    apply, params, example = load_keras_file(tmp_path / "cnn.keras", BATCH)
-    text, names = stablehlo_text(apply, params, example)
-    values = dict(zip(names, (np.asarray(v) for v in jax.tree_util.tree_leaves(params))))
-    func, table, origins = translate_stablehlo(text, names)
-    kinds = parameter_kinds(text, names)
+    (model or cnn_keras.build()).save(tmp_path / "model.keras")
+    apply, params, example, buffers, kinds = load_keras_file(tmp_path / "model.keras", BATCH)
+    text, names, buffer_names = stablehlo_text(apply, params, example, buffers)
+    leaves = jax.tree_util.tree_leaves((params, buffers))
+    values = dict(zip(names + buffer_names, (np.asarray(v) for v in leaves)))
+    func, table, origins = translate_stablehlo(text, names, buffers=buffer_names)
+    # Kinds from Keras's layer classes; the ops that use them agree where they can tell.
+    from_ops = parameter_kinds(text, names)
+    assert all(from_ops[n] == k for n, k in kinds.items() if k != "norm"), (kinds, from_ops)
     layers = describe_parameters([(n, kinds[n], list(values[n].shape)) for n in names], [],
                                  "keras")
     step, _ = compile_main(func, table, origins, layers,
                            {r: values[n] for r, (_, n) in table.items()}, tmp_path)
-    return step, layers, apply, params
+    return step, layers, apply, params, buffers
 
 
 def batches(count=2):
@@ -146,30 +150,41 @@ def batches(count=2):
              rng.integers(0, 10, BATCH).astype("int64")) for _ in range(count)]
 
 
-def jax_reference(apply, params, batches_) -> tuple[list[float], dict[str, np.ndarray]]:
+def jax_reference(apply, params, batches_, buffers=None
+                  ) -> tuple[list[float], dict[str, np.ndarray]]:
     """The source framework's own gradients (jax.grad of the mean cross entropy of
-    ``apply(params, x)``) driving torch.optim.SGD's update rule: the losses and the final
-    weights, by parameter name."""
+    ``apply(params, x)``, or of ``apply(params, buffers, x)`` -> (logits, new buffers))
+    driving torch.optim.SGD's update rule: the losses and the final weights and buffers, by
+    name."""
     import jax
     import jax.numpy as jnp
 
     from stages.lower.from_stablehlo import parameter_names
 
-    def loss(params, x, y):
-        logp = jax.nn.log_softmax(apply(params, x))
-        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+    def loss(params, buffers, x, y):
+        logits, new = apply(params, x) if buffers is None else apply(params, buffers, x)
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1)), new
 
-    buffers, losses = None, []
+    if buffers is None:
+        plain = apply
+        apply = lambda params, x: (plain(params, x), None)  # noqa: E731
+    momenta, losses = None, []
     for x, y in batches_:
-        value, grads = jax.value_and_grad(loss)(params, x, y)
+        (value, new), grads = jax.value_and_grad(loss, has_aux=True)(params, buffers, x, y)
         losses.append(float(value))
+        buffers = new
         grads = jax.tree_util.tree_map(lambda g, w: np.asarray(g) + OPT["weight_decay"] * w,
                                        grads, params)
-        buffers = grads if buffers is None else jax.tree_util.tree_map(
-            lambda b, g: OPT["momentum"] * b + g, buffers, grads)
-        params = jax.tree_util.tree_map(lambda w, b: w - OPT["lr"] * b, params, buffers)
-    return losses, dict(zip(parameter_names(params),
-                            (np.asarray(v) for v in jax.tree_util.tree_leaves(params))))
+        momenta = grads if momenta is None else jax.tree_util.tree_map(
+            lambda b, g: OPT["momentum"] * b + g, momenta, grads)
+        params = jax.tree_util.tree_map(lambda w, b: w - OPT["lr"] * b, params, momenta)
+    state = {**dict(zip(parameter_names(params),
+                        (np.asarray(v) for v in jax.tree_util.tree_leaves(params))))}
+    if buffers:
+        state.update(zip(parameter_names(buffers),
+                         (np.asarray(v) for v in jax.tree_util.tree_leaves(buffers))))
+    return losses, state
 
 
 def torch_reference(batches_) -> tuple[list[float], dict[str, np.ndarray]]:
@@ -215,14 +230,15 @@ def test_jax_small_cnn_steps_like_jax_and_like_the_other_frontends(tmp_path):
 
 
 def test_keras_small_cnn_steps_like_the_other_frontends(tmp_path):
-    step, layers, apply, params = compile_keras(tmp_path / "keras")
+    step, layers, apply, params, buffers = compile_keras(tmp_path / "keras")
     # Keras's variable paths are the parameter names; kernels are weights, biases biases.
     assert [(p["name"], p["module"], p["kind"], p["role"]) for p in layers["parameters"]][:2] == [
         ("conv1/bias", "conv1", "conv", "bias"), ("conv1/kernel", "conv1", "conv", "weight")]
     nhwc = [(x.transpose(0, 2, 3, 1).copy(), y) for x, y in batches()]
     losses, weights = run_compiled(step, nhwc)
     # Keras's own gradients (jax.grad through its JAX backend's stateless_call).
-    assert_same((losses, weights), jax_reference(apply, params, nhwc), "keras vs jax.grad")
+    assert_same((losses, weights), jax_reference(apply, params, nhwc, buffers),
+                "keras vs jax.grad")
     # Back in PyTorch's names and layouts: the same losses and weights as PyTorch's step.
     back = {}
     for name, value in weights.items():
@@ -234,6 +250,31 @@ def test_keras_small_cnn_steps_like_the_other_frontends(tmp_path):
     rule = {"name": "half", "rules": [{"name": "half", "modules": ["conv1"], "channels": 0.5}]}
     with pytest.raises(ConfigError, match="HWIO|keras layout"):
         select(rule, layers)
+
+
+def test_keras_batch_norm_statistics_are_buffers_updated_as_keras_does(tmp_path):
+    """Keras's non-trainable variables (here batch-norm moving statistics) are the step's
+    buffers; it returns them updated as Keras's own training-mode call does."""
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip("Keras is an optional extra: pip install -e '.[keras]'")
+    from stages.importer.from_keras import load_keras
+
+    keras = load_keras()
+    channels, height, width = cnn_jax.IMAGE
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((height, width, channels)),
+        keras.layers.Conv2D(8, 3, padding="same", name="conv"),
+        keras.layers.BatchNormalization(name="bn"), keras.layers.ReLU(),
+        keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10, name="fc")], name="bn_cnn")
+    step, layers, apply, params, buffers = compile_keras(tmp_path, model)
+    assert sorted(buffers) == ["bn/moving_mean", "bn/moving_variance"]
+    assert "bn/moving_mean" not in [p["name"] for p in layers["parameters"]]
+    assert {p["name"]: p["kind"] for p in layers["parameters"]}["bn/gamma"] == "norm"
+    nhwc = [(x.transpose(0, 2, 3, 1).copy(), y) for x, y in batches()]
+    got = run_compiled(step, nhwc)
+    assert_same(got, jax_reference(apply, params, nhwc, buffers), "keras batch norm")
+    assert np.abs(got[1]["bn/moving_mean"]).max() > 0  # the statistics moved
 
 
 def test_onnx_mobilenet_selects_the_same_layers_and_steps_like_pytorch(tmp_path):
@@ -354,11 +395,12 @@ def test_jax_and_keras_bad_input_is_named(tmp_path):
     params = {"fc": {"weight": np.ones((4, 4), "float32")}}
     x = np.zeros((2, 4), "float32")
     # An op with no converter, and a form of a known op that is not converted: op and place.
-    text, names = stablehlo_text(lambda p, x: jnp.sort(x @ p["fc"]["weight"], axis=1), params, x)
+    text, names, _ = stablehlo_text(lambda p, x: jnp.sort(x @ p["fc"]["weight"], axis=1),
+                                    params, x)
     with pytest.raises(ConfigError, match=r"sorted\.mlir: StableHLO ops with no converter: "
                                           r"stablehlo\.sort \(op #\d+ of @sort\)"):
         translate_stablehlo(text, names, "sorted.mlir")
-    text, names = stablehlo_text(
+    text, names, _ = stablehlo_text(
         lambda p, x: lax.reduce_window(x @ p["fc"]["weight"], 0.0, lax.add, (1, 2), (1, 2),
                                        "VALID"), params, x)
     with pytest.raises(ConfigError, match=r"stablehlo\.reduce_window \(op #\d+ of its "
@@ -378,7 +420,7 @@ def test_jax_and_keras_bad_input_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"junk\.keras: not a Keras model file"):
         load_keras_file(junk, 2)
     keras = load_keras()
-    normed = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(name="bn"),
-                               keras.layers.Dense(2)])
-    with pytest.raises(ConfigError, match=r"non-trainable variables \['[\w/]*bn/moving_mean'"):
-        keras_function(normed, 2)
+    dropping = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5, name="drop"),
+                                 keras.layers.Dense(2)])
+    with pytest.raises(ConfigError, match=r"non-float state .*\(random layers such as Dropout"):
+        keras_function(dropping, 2)

@@ -13,8 +13,10 @@ Outputs (artifacts/import/):
   model.onnx   torch: the same model as ONNX (inference mode), the interchange format;
                onnx: the file itself, its input's batch dimension fixed to model.batch_size
   model.mlir   jax, keras: the StableHLO program, main(*parameters, x) -> logits
-  weights.npz  jax, keras: the parameters' values, by name (JAX tree path joined with ".",
-               Keras variable path)
+  weights.npz  jax, keras: the parameters' and buffers' values, by name (JAX tree path joined
+               with ".", Keras variable path)
+  state.json   jax, keras: which of those are parameters and which buffers (Keras's
+               non-trainable variables, e.g. batch-norm moving statistics)
   layers.json  every parameter with its module path, layer kind and block: what schemes select
 """
 from __future__ import annotations
@@ -89,14 +91,18 @@ def import_stablehlo(model_cfg: dict, path: Path, out: Path) -> str:
     from stages.lower.from_stablehlo import parameter_kinds, stablehlo_text
 
     keras = model_cfg["frontend"] == "keras"
-    apply, params, example = (
-        load_keras_file(path, int(require({"model": model_cfg}, "model.batch_size"))) if keras
-        else load_jax_file(model_cfg, path))
-    text, names = stablehlo_text(apply, params, np.asarray(example))
+    if keras:
+        apply, params, example, buffers, kinds = load_keras_file(
+            path, int(require({"model": model_cfg}, "model.batch_size")))
+    else:
+        (apply, params, example), buffers, kinds = load_jax_file(model_cfg, path), None, None
+    text, names, buffer_names = stablehlo_text(apply, params, np.asarray(example), buffers)
     values = [np.asarray(v) for v in jax.tree_util.tree_leaves(params)]
+    state = [np.asarray(v) for v in jax.tree_util.tree_leaves(buffers or {})]
     write_text_atomic(out / "model.mlir", text)
-    save_arrays(out / "weights.npz", dict(zip(names, values)))
-    kinds = parameter_kinds(text, names)
+    save_arrays(out / "weights.npz", dict(zip(names + buffer_names, values + state)))
+    write_json_atomic(out / "state.json", {"parameters": names, "buffers": buffer_names})
+    kinds = kinds or parameter_kinds(text, names)  # Keras says; for JAX, the ops using them
     layers = describe_parameters([(n, kinds[n], list(v.shape)) for n, v in zip(names, values)],
                                  list(model_cfg.get("blocks") or []),
                                  "keras" if keras else "torch")

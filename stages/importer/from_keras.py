@@ -34,24 +34,53 @@ def load_keras():
 
 
 def keras_function(model, batch_size: int):
-    """(apply, params, example input) for a built Keras model; params by variable path."""
-    if model.non_trainable_variables:
-        names = [v.path for v in model.non_trainable_variables]
-        raise ConfigError(f"Keras model {model.name!r}: non-trainable variables {names[:4]} "
-                          "(e.g. batch-norm moving statistics) are not carried by the keras "
-                          "frontend yet")
-    paths = [v.path for v in model.trainable_variables]
-    params = {path: np.asarray(v.value) for path, v in zip(paths, model.trainable_variables)}
-
-    def apply(params, x):
-        logits, _ = model.stateless_call([params[p] for p in paths], [], x, training=True)
-        return logits
-
+    """(apply, params, example input, buffers) for a built Keras model, by variable path:
+    ``apply(params, buffers, x)`` runs the model in training mode and returns (logits, new
+    buffers); buffers are its non-trainable variables, such as batch-norm moving statistics,
+    which Keras updates itself."""
     if len(model.inputs) != 1:
         raise ConfigError(f"Keras model {model.name!r}: a model to fine-tune takes one input; "
                           f"this one takes {len(model.inputs)}")
+    stateful = [v.path for v in model.non_trainable_variables
+                if not np.issubdtype(np.dtype(v.dtype), np.floating)]
+    if stateful:  # e.g. a dropout layer's random seed
+        raise ConfigError(f"Keras model {model.name!r}: non-float state {stateful[:4]} (random "
+                          "layers such as Dropout) is not supported")
+    paths = [v.path for v in model.trainable_variables]
+    buffer_paths = [v.path for v in model.non_trainable_variables]
+    params = {p: np.asarray(v.value) for p, v in zip(paths, model.trainable_variables)}
+    buffers = {p: np.asarray(v.value) for p, v in zip(buffer_paths,
+                                                       model.non_trainable_variables)}
+
+    def apply(params, buffers, x):
+        logits, new = model.stateless_call([params[p] for p in paths],
+                                           [buffers[p] for p in buffer_paths], x, training=True)
+        return logits, dict(zip(buffer_paths, new))
+
     shape = [batch_size if d is None else int(d) for d in model.inputs[0].shape]
-    return apply, params, np.zeros(shape, model.inputs[0].dtype)
+    return apply, params, np.zeros(shape, model.inputs[0].dtype), buffers
+
+
+def keras_kinds(model) -> dict[str, str]:
+    """The layer kind of each trainable variable, from its Keras layer's class."""
+    keras = load_keras()
+    layers = keras.layers
+    kinds = {}
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, layers.DepthwiseConv2D):
+            kind = "conv_depthwise"
+        elif isinstance(layer, layers.Conv2D):
+            kind = "conv_pointwise" if tuple(layer.kernel_size) == (1, 1) else "conv"
+        elif isinstance(layer, layers.Dense):
+            kind = "linear"
+        elif isinstance(layer, (layers.BatchNormalization, layers.LayerNormalization)):
+            kind = "norm"
+        elif isinstance(layer, layers.Embedding):
+            kind = "embedding"
+        else:
+            kind = "other"
+        kinds.update({v.path: kind for v in layer.trainable_variables})
+    return kinds
 
 
 def load_keras_file(path: Path, batch_size: int):
@@ -63,4 +92,4 @@ def load_keras_file(path: Path, batch_size: int):
         model = keras.saving.load_model(path, compile=False)
     except (ValueError, OSError) as err:
         raise ConfigError(f"{path}: not a Keras model file ({str(err).strip()[:300]})") from err
-    return keras_function(model, batch_size)
+    return (*keras_function(model, batch_size), keras_kinds(model))

@@ -24,7 +24,7 @@ def layer_kind(module: torch.nn.Module) -> str:
         return "norm"
     if isinstance(module, torch.nn.Embedding):
         return "embedding"
-    return type(module).__name__.lower()
+    return "other"
 
 
 def describe_layers(model: torch.nn.Module) -> dict:
@@ -64,8 +64,7 @@ def onnx_kind(node) -> str:
             return "conv_depthwise"  # checked against the weight's shape by the caller
         return "conv_pointwise" if kernel == [1, 1] else "conv"
     return {"Gemm": "linear", "MatMul": "linear", "BatchNormalization": "norm",
-            "LayerNormalization": "norm", "Gather": "embedding"}.get(node.op_type,
-                                                                    node.op_type.lower())
+            "LayerNormalization": "norm", "Gather": "embedding"}.get(node.op_type, "other")
 
 
 def _matches(path: str, pattern: str) -> bool:
@@ -118,7 +117,7 @@ def describe_onnx(model, parameters: list[str], patterns: list[str]) -> dict:
             consumer.setdefault(name, node)
     params = []
     for name in parameters:
-        kind = onnx_kind(consumer[name]) if name in consumer else "unused"
+        kind = onnx_kind(consumer[name]) if name in consumer else "other"
         shape = shapes[name]
         if kind == "conv_depthwise" and not (len(shape) == 4 and shape[1] == 1):
             kind = "conv"  # grouped, not one channel per group

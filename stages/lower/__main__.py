@@ -46,12 +46,16 @@ def lower_onnx():
 
 
 def lower_stablehlo():
+    import json
+
     from stages.lower.from_stablehlo import translate_stablehlo
 
     path = IMPORTED / "model.mlir"
+    state = json.loads((IMPORTED / "state.json").read_text())
     with np.load(IMPORTED / "weights.npz") as weights:
         values = {name: weights[name] for name in weights.files}
-    func, names, origins = translate_stablehlo(path.read_text(), list(values), path)
+    func, names, origins = translate_stablehlo(path.read_text(), state["parameters"], path,
+                                               state["buffers"])
     return func, names, origins, {r: values[n] for r, (_, n) in names.items()}, path
 
 

@@ -1,7 +1,7 @@
 """A JAX model -> the same Relax ``main`` the PyTorch path gives, through StableHLO and TVM's
 StableHLO frontend:
 
-    main(x, *parameters) -> (logits,)
+    main(x, *parameters, *buffers) -> (logits, *new_buffers)
 
 The import stage lowers ``apply(params, x)`` with ``jax.jit(...).lower`` to StableHLO text
 (``stablehlo_text``); parameters are the leaves of the ``params`` tree under their paths joined
@@ -23,17 +23,27 @@ from tvm.relax.frontend.stablehlo.stablehlo_translator import StableHLOImporter
 
 from pipelines.config import ConfigError
 from pipelines.ir import identifier
-from stages.lower.translate import origins_of, with_buffers
+from stages.lower.translate import origins_of
 
 
-def stablehlo_text(apply, params: dict, example: np.ndarray) -> tuple[str, list[str]]:
+def stablehlo_text(apply, params: dict, example: np.ndarray, buffers: dict | None = None
+                   ) -> tuple[str, list[str], list[str]]:
     """``apply(params, x)`` lowered to StableHLO text (without source locations, so the text
-    does not depend on where the model file lies), and the names of its parameters in argument
-    order (the last argument is ``x``)."""
+    does not depend on where the model file lies), the names of its parameters in argument
+    order, and the names of its buffers. With ``buffers`` (state the model updates itself, such
+    as batch-norm moving statistics), ``apply(params, buffers, x)`` returns (logits, new
+    buffers) and the program takes (*parameters, *buffers, x)."""
     import jax
 
-    module = jax.jit(apply).lower(params, example).compiler_ir("stablehlo")
-    return module.operation.get_asm(enable_debug_info=False), parameter_names(params)
+    if buffers is None:
+        module = jax.jit(apply).lower(params, example)
+        buffer_names = []
+    else:
+        module = jax.jit(apply).lower(params, buffers, example)
+        buffer_names = parameter_names(buffers)
+    module = module.compiler_ir("stablehlo")
+    return (module.operation.get_asm(enable_debug_info=False), parameter_names(params),
+            buffer_names)
 
 
 def parameter_names(params) -> list[str]:
@@ -144,6 +154,10 @@ class _Importer(StableHLOImporter):
             "stablehlo.negate": self._unary(relax.op.negative),
             "stablehlo.abs": self._unary(relax.op.abs),
             "stablehlo.convert": self._convert,
+            "stablehlo.compare": self._compare,
+            "stablehlo.select": self._select,
+            "chlo.square": lambda node: self._emit(relax.op.multiply(
+                *(self.retrieve_operands(node) * 2))),
         })
 
     def _emit(self, expr):
@@ -160,6 +174,19 @@ class _Importer(StableHLOImporter):
     def _convert(self, node):
         value = self.retrieve_operands(node)[0]
         return self._emit(relax.op.astype(value, self._convert_data_type(node.result.type)))
+
+    COMPARISONS = {"EQ": relax.op.equal, "NE": relax.op.not_equal, "LT": relax.op.less,
+                   "LE": relax.op.less_equal, "GT": relax.op.greater,
+                   "GE": relax.op.greater_equal}
+
+    def _compare(self, node):
+        lhs, rhs = self.retrieve_operands(node)
+        direction = str(node.attributes["comparison_direction"]).split()[-1].rstrip(">")
+        return self._emit(self.COMPARISONS[direction](lhs, rhs))
+
+    def _select(self, node):
+        condition, on_true, on_false = self.retrieve_operands(node)
+        return self._emit(relax.op.where(condition, on_true, on_false))
 
     def _broadcast(self, node):
         """Operand axis i goes to result axis dims[i]; the other result axes are broadcast."""
@@ -303,9 +330,9 @@ def _is_identity(init, value: float) -> bool:
     return data is not None and bool(np.all(data.numpy() == value))
 
 
-def translate_stablehlo(text: str, names: list[str], source="model"
+def translate_stablehlo(text: str, names: list[str], source="model", buffers=()
                         ) -> tuple[relax.Function, dict, dict]:
-    """``main``, the name table {relax name: ("parameter", parameter name)} and the origin
+    """``main``, the name table {relax name: (kind, parameter or buffer name)} and the origin
     table {binding name: "op #index"} from ``stablehlo_text``'s output."""
     module = parse(text)
     functions = {str(op.attributes["sym_name"]).strip('"'): op.regions[0].blocks[0]
@@ -313,9 +340,10 @@ def translate_stablehlo(text: str, names: list[str], source="model"
     block = functions["main"]
     importer = _Importer(functions, source)
     types = list(block.arguments.types)
-    if len(types) != len(names) + 1:
+    labels = [*names, *buffers]
+    if len(types) != len(labels) + 1:
         raise ConfigError(f"{source}: the program takes {len(types)} arguments; expected the "
-                          f"{len(names)} parameters and the input")
+                          f"{len(names)} parameters, {len(buffers)} buffers and the input")
     known = set(importer.convert_map) | {"func.call", "func.return", "stablehlo.return"}
     unsupported = [f"{op.operation.name} (op #{index} of @{function})"
                    for function, b in functions.items()
@@ -327,20 +355,24 @@ def translate_stablehlo(text: str, names: list[str], source="model"
     taken: set[str] = set()
     inputs, table = [], {}
     for index, ty in enumerate(types):
-        label = names[index] if index < len(names) else "x"
+        label = labels[index] if index < len(labels) else "x"
         var = relax.Var(identifier(label, taken), relax.TensorType(
             importer.get_shape(ty), importer._convert_data_type(ty)))
         inputs.append(var)
-        if index < len(names):
-            table[var.name] = ("parameter", label)
+        if index < len(labels):
+            table[var.name] = ("parameter" if index < len(names) else "buffer", label)
     bb = importer.block_builder = relax.BlockBuilder()
     produced: dict = {}
+    # main(x, *parameters, *buffers) -> (logits, *new buffers), as the other frontends give it.
     with bb.function("main", [inputs[-1], *inputs[:-1]]):
         with bb.dataflow():
-            (result,) = importer.run(block, inputs, produced)
-            output = bb.emit_output(result)
-        bb.emit_func_output(output)
-    func = with_buffers(bb.get()["main"], [])
+            results = importer.run(block, inputs, produced)
+            if len(results) != 1 + len(buffers):
+                raise ConfigError(f"{source}: the program returns {len(results)} values; "
+                                  f"expected the logits and {len(buffers)} new buffers")
+            outputs = [bb.emit_output(value) for value in results]
+        bb.emit_func_output(relax.Tuple(outputs))
+    func = bb.get()["main"].with_attr("num_input", 1)
     return func, table, origins_of(func, produced)
 
 

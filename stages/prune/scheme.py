@@ -21,7 +21,8 @@ import re
 
 from pipelines.config import ConfigError
 
-KINDS = {"conv", "conv_pointwise", "conv_depthwise", "linear", "norm", "embedding"}
+# "other": a parameter of no layer kind above (e.g. a scale a model multiplies by itself).
+KINDS = {"conv", "conv_pointwise", "conv_depthwise", "linear", "norm", "embedding", "other"}
 UPDATES = {"weight": {"weight"}, "bias": {"bias"}, "both": {"weight", "bias"}}
 AXES = {"output": 0, "input": 1}
 RULE_KEYS = {"name", "modules", "kinds", "blocks", "update", "channels", "axis"}
