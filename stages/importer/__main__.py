@@ -84,18 +84,19 @@ def load_jax_file(model_cfg: dict, path: Path):
 
 def import_stablehlo(model_cfg: dict, path: Path, out: Path) -> str:
     """The jax and keras frontends: the model's function lowered to StableHLO."""
-    import jax
     import numpy as np
 
     from stages.importer.from_keras import load_keras_file
     from stages.lower.from_stablehlo import parameter_kinds, stablehlo_text
 
     keras = model_cfg["frontend"] == "keras"
-    if keras:
+    if keras:  # each loader says which extra to install if its framework is missing
         apply, params, example, buffers, kinds = load_keras_file(
             path, int(require({"model": model_cfg}, "model.batch_size")))
     else:
         (apply, params, example), buffers, kinds = load_jax_file(model_cfg, path), None, None
+    import jax
+
     text, names, buffer_names = stablehlo_text(apply, params, np.asarray(example), buffers)
     values = [np.asarray(v) for v in jax.tree_util.tree_leaves(params)]
     state = [np.asarray(v) for v in jax.tree_util.tree_leaves(buffers or {})]
@@ -103,7 +104,8 @@ def import_stablehlo(model_cfg: dict, path: Path, out: Path) -> str:
     save_arrays(out / "weights.npz", dict(zip(names + buffer_names, values + state)))
     write_json_atomic(out / "state.json", {"parameters": names, "buffers": buffer_names})
     kinds = kinds or parameter_kinds(text, names)  # Keras says; for JAX, the ops using them
-    layers = describe_parameters([(n, kinds[n], list(v.shape)) for n, v in zip(names, values)],
+    layers = describe_parameters([(n, kinds.get(n, "other"), list(v.shape))
+                                  for n, v in zip(names, values)],
                                  list(model_cfg.get("blocks") or []),
                                  "keras" if keras else "torch")
     write_json_atomic(out / "layers.json", layers)
