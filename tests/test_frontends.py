@@ -406,6 +406,12 @@ def test_jax_and_keras_bad_input_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"stablehlo\.reduce_window \(op #\d+ of its "
                                           r"function\) cannot be converted: .*max pooling"):
         translate_stablehlo(text, names, "summed.mlir")
+    text, names, _ = stablehlo_text(  # a dilated window is refused, not pooled as plain
+        lambda p, x: lax.reduce_window(x * p["fc"]["weight"], -jnp.inf, lax.max, (1, 1, 2, 2),
+                                       (1, 1, 1, 1), "VALID", window_dilation=(1, 1, 2, 2)),
+        params, np.zeros((1, 1, 4, 4), "float32"))
+    with pytest.raises(ConfigError, match="undilated max pooling"):
+        translate_stablehlo(text, names, "dilated.mlir")
     source = tmp_path / "model.py"
     source.write_text("def build(batch_size):\n    return None\n")
     with pytest.raises(ConfigError, match=r"model\.py: no function 'model' \(model\.entry\)"):

@@ -236,9 +236,11 @@ class _Importer(StableHLOImporter):
         def window(name, default):
             return _ints(attrs[name]) if name in attrs else [default] * spatial
 
-        if window("lhs_dilation", 1) != [1, 1] or int(attrs["batch_group_count"].value) != 1:
-            raise NotImplementedError("convolution: transposed (lhs-dilated) and batch-grouped "
-                                      "convolutions are not supported")
+        reversed_window = "window_reversal" in attrs and any(attrs["window_reversal"])
+        if (window("lhs_dilation", 1) != [1, 1] or int(attrs["batch_group_count"].value) != 1
+                or reversed_window):
+            raise NotImplementedError("convolution: transposed (lhs-dilated), batch-grouped and "
+                                      "window-reversed convolutions are not supported")
         pad = (np.asarray(self._attr2value(attrs["padding"])).reshape(spatial, 2).tolist()
                if "padding" in attrs else [[0, 0], [0, 0]])
         # In NCHW/OIHW, the layouts Relax's conv2d gradient takes; channels-last models (Keras)
@@ -258,8 +260,8 @@ class _Importer(StableHLOImporter):
         return self._emit(relax.op.permute_dims(value, [source.index(c) for c in target]))
 
     def _dot(self, node):
-        """dot_general as one (batched) matmul: each side is permuted to (batch, free,
-        contracting) / (batch, contracting, free) and flattened to three axes."""
+        """dot_general as one matmul: each side is permuted to (batch, free, contracting) /
+        (batch, contracting, free) and flattened to three axes, or two without batch axes."""
         from jaxlib.mlir.dialects import stablehlo
 
         lhs, rhs = self.retrieve_operands(node)
@@ -313,9 +315,11 @@ class _Importer(StableHLOImporter):
         pad = (np.asarray(self._attr2value(attrs["padding"])).reshape(rank, 2).tolist()
                if "padding" in attrs else [[0, 0]] * rank)
         spatial = [d for d in range(rank) if sizes[d] != 1 or strides[d] != 1]
+        dilated = any(_ints(attrs[name]) != [1] * rank
+                      for name in ("window_dilations", "base_dilations") if name in attrs)
         if (self._body_op(node) != "stablehlo.maximum" or not _is_identity(init, -np.inf)
-                or rank != 4 or len(spatial) > 2):
-            raise NotImplementedError("reduce_window: only max pooling over two axes")
+                or rank != 4 or len(spatial) > 2 or dilated):
+            raise NotImplementedError("reduce_window: only undilated max pooling over two axes")
         layout = "NCHW" if spatial in ([2, 3], [2], [3], []) else "NHWC"
         axes = [2, 3] if layout == "NCHW" else [1, 2]
         pooled = self._emit(relax.op.nn.max_pool2d(  # NCHW: the layout its gradient takes

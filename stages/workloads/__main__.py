@@ -67,7 +67,9 @@ def main() -> None:
     # Every name checked before any work.
     workloads = [(load_model(name), [load_conf_entry("sparse", s, f"workloads.models.{name}")
                                      for s in schemes]) for name, schemes in wanted.items()]
-    metrics = {model["name"]: measure(model, schemes, params, profile)
+    # The yardstick for GFLOP/s, measured once for every model.
+    peak = in_fresh_process(sgemm_peak, int(profile["cores"]))
+    metrics = {model["name"]: measure(model, schemes, params, profile, peak)
                for model, schemes in workloads}
     write_json_atomic(OUT, metrics)
     for model, rows in metrics.items():
@@ -92,7 +94,7 @@ def synthetic_batch(model: dict, net: torch.nn.Module, seed: int):
     return x, y
 
 
-def measure(model: dict, schemes: list[dict], params: dict, profile: dict) -> dict:
+def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak: float) -> dict:
     """One model's rows: its compiled step per scheme and the PyTorch cases, timed."""
     optimizer, seed = require(params, "optimizer"), int(params["seed"])
     bench = require(params, "benchmark")
@@ -146,7 +148,6 @@ def measure(model: dict, schemes: list[dict], params: dict, profile: dict) -> di
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    peak = in_fresh_process(sgemm_peak, spec["cores"])
     full_flops = summary["full"]["flops"]
     for case, flops in ((eager, full_flops), (compiled_torch, full_flops)):
         case.update(tokens_per_s=tokens / case["median_ms"] * 1e3,
