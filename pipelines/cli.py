@@ -56,7 +56,8 @@ def cmd_scheme_show(args) -> int:
 
     params = _configured(args.overrides)
     scheme = require(params, "sparse")
-    layers, full, signature = full_step(require(params, "model"), require(params, "optimizer"))
+    layers, full, signature = full_step(require(params, "model"), require(params, "optimizer"),
+                                        scheme.get("lora"), int(params.get("seed", 0)))
     print(render(scheme, layers, prune_scheme(scheme, layers, full, signature)[2]))
     return EXIT_OK
 

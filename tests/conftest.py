@@ -5,11 +5,12 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 
 def chained_steps_match(build_dir, model_cfg: dict, opt_cfg: dict, selection: dict,
-                        signature: dict, batches) -> tuple[dict, dict]:
+                        signature: dict, batches, lora: dict | None = None) -> tuple[dict, dict]:
     """Run the compiled step in ``build_dir`` and PyTorch's step on the same model for each
     (x, y) in ``batches``; the loss must agree within 1e-5 relative at every step and every
     tensor of the state within rtol 1e-4, atol 1e-6 at the end; parameters outside
-    ``selection`` stay bit-identical. Returns the state before and after (PyTorch names)."""
+    ``selection`` stay bit-identical. Returns the state before and after (PyTorch names). With
+    ``lora``, the model has those adapters (pipelines/lora.py, seed 0), as the step was built."""
     import numpy as np
     import pytest
     import torch
@@ -20,6 +21,9 @@ def chained_steps_match(build_dir, model_cfg: dict, opt_cfg: dict, selection: di
 
     torch.manual_seed(0)
     model = build_model(model_cfg).train()
+    if lora:
+        from pipelines.lora import add_adapters
+        add_adapters(model, lora, 0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     compiled = CompiledStep(build_dir, {r: before[t].numpy()
                                         for r, t in signature["torch_names"].items()})

@@ -46,6 +46,9 @@ def run_case(case: str, spec: dict) -> dict:
 
         model = build_model(spec["model"]).train()
         model.load_state_dict(torch.load(spec["weights"], weights_only=True))
+        if spec.get("lora"):  # a LoRA scheme: PyTorch with the same seeded adapters
+            from pipelines.lora import add_adapters
+            add_adapters(model, spec["lora"], spec["seed"])
         trainable = spec["trainable"] if case == "torch_eager_frozen" else None
         opt = make_optimizer(model, spec["optimizer"], trainable)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)

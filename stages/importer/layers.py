@@ -2,12 +2,10 @@
 for a PyTorch module or a model file of another frontend (the same layers.json either way)."""
 from __future__ import annotations
 
-import fnmatch
-import re
-
 import torch
 
 from pipelines.models import RMSNorm
+from pipelines.patterns import module_matcher
 
 
 def layer_kind(module: torch.nn.Module) -> str:
@@ -67,22 +65,16 @@ def onnx_kind(node) -> str:
             "LayerNormalization": "norm", "Gather": "embedding"}.get(node.op_type, "other")
 
 
-def _matches(path: str, pattern: str) -> bool:
-    """A glob, or with "re:" a regular expression, as schemes' module patterns are."""
-    if pattern.startswith("re:"):
-        return re.fullmatch(pattern[3:], path) is not None
-    return fnmatch.fnmatchcase(path, pattern)
-
-
 def block_paths(modules: list[str], patterns: list[str]) -> list[str]:
     """The blocks: each prefix of a module path that one of ``patterns`` (globs over module
     paths, e.g. "features.*", or "re:" and a regular expression) matches, in model order."""
+    matchers = [module_matcher(p) for p in patterns]
     blocks: list[str] = []
     for module in modules:
         parts = module.split(".")
         for end in range(1, len(parts) + 1):
             prefix = ".".join(parts[:end])
-            if any(_matches(prefix, p) for p in patterns):
+            if any(match(prefix) for match in matchers):
                 if prefix not in blocks:
                     blocks.append(prefix)
                 break

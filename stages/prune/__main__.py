@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.config import load_params, require, run_stage
+from pipelines.config import ConfigError, load_params, require, run_stage
 from pipelines.ir import (count_ops, dtype_of, graph_cost, load_ir, nbytes, op_cost, save_ir,
                          shape_of)
 from stages.optimize.passes import update_outputs
@@ -92,6 +92,11 @@ def prune_scheme(scheme: dict, layers: dict, full, signature: dict) -> tuple:
 def main() -> None:
     params = load_params()
     scheme = require(params, "sparse")
+    if scheme.get("lora"):
+        raise ConfigError(f"params.yaml: sparse={scheme['name']!r} is a LoRA scheme (sparse.lora): "
+                          "its adapters are added by the stages that build text models, "
+                          "text_task and workloads (text_task.schemes, workloads.models); this "
+                          "pipeline's import stage builds the model without adapters")
     layers = json.loads(LAYERS.read_text())
     signature = json.loads((AUTODIFF / "signature.json").read_text())
     full = load_ir(AUTODIFF / "train_step.json")["train_step"]

@@ -15,11 +15,10 @@ selects it. A rule selects by
 """
 from __future__ import annotations
 
-import fnmatch
 import math
-import re
 
 from pipelines.config import ConfigError
+from pipelines.patterns import module_matcher
 
 # "other": a parameter of no layer kind above (e.g. a scale a model multiplies by itself).
 KINDS = {"conv", "conv_pointwise", "conv_depthwise", "linear", "norm", "embedding", "other"}
@@ -45,14 +44,10 @@ def _block_range(blocks: dict, count: int, rule_name: str) -> range:
 
 
 def _matcher(pattern: str, rule_name: str):
-    if pattern.startswith("re:"):
-        try:
-            compiled = re.compile(pattern[3:])
-        except re.error as err:
-            raise _rule_error(rule_name, f"module pattern {pattern!r} is not a valid regular "
-                                         f"expression: {err}") from None
-        return lambda module: compiled.fullmatch(module) is not None
-    return lambda module: fnmatch.fnmatchcase(module, pattern)
+    try:
+        return module_matcher(pattern)
+    except ValueError as err:
+        raise _rule_error(rule_name, str(err)) from None
 
 
 def _channels(rule: dict, param: dict, axis: int, rule_name: str) -> list[int] | None:

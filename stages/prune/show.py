@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from pipelines.lora import add_adapters
 from pipelines.models import build_model, example_input
 from stages.autodiff.optimizers import from_config
 from stages.autodiff.training import build_train_step
@@ -16,9 +17,13 @@ from stages.lower.translate import translate
 from stages.prune.scheme import rule_matches
 
 
-def full_step(model_cfg: dict, opt_cfg: dict) -> tuple[dict, object, dict]:
-    """(layers.json content, full training step, its signature) for a configured model."""
+def full_step(model_cfg: dict, opt_cfg: dict, lora: dict | None = None,
+              seed: int = 0) -> tuple[dict, object, dict]:
+    """(layers.json content, full training step, its signature) for a configured model, with
+    the LoRA adapters of ``lora`` (pipelines/lora.py), seeded by ``seed``, if given."""
     model = build_model(model_cfg).train()
+    if lora:
+        add_adapters(model, lora, seed)
     program = torch.export.export(model, (example_input(model_cfg),))
     main, names, origins = translate(program)
     num_params = sum(1 for kind, _ in names.values() if kind == "parameter")

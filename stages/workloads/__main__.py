@@ -19,6 +19,7 @@ took.
 """
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 import time
@@ -31,6 +32,7 @@ import torch
 from pipelines.artifacts import ARTIFACTS, save_arrays, write_json_atomic
 from pipelines.config import (ConfigError, load_conf_entry, load_params, require,
                               resolved_profile, run_stage, tvm_target)
+from pipelines.lora import add_adapters
 from pipelines.models import build_model
 from pipelines.progress import progress
 from pipelines.step import CompiledStep, save_step, selection_of
@@ -47,6 +49,7 @@ CHECKED_STEPS, LOSS_RTOL = 2, 1e-4
 
 
 TEXT_ARCHS = {"llama", "minilm"}
+FULL_BP = {"name": "full", "rules": [{"name": "everything", "modules": ["*"]}]}
 
 
 def load_model(name: str) -> dict:
@@ -110,23 +113,29 @@ def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak:
                 "warmup": int(bench["warmup"]), "steps": int(bench["steps"]),
                 "batch_file": str(scratch / "batch.npz"), "weights": str(scratch / "weights.pt"),
                 "model": model, "optimizer": optimizer, "trainable": {}}
-        layers, full, signature = full_step(model, optimizer)
-        state = {k: v.numpy() for k, v in net.state_dict().items()}
-        save_arrays(scratch / "initial.npz", {r: state[t] for r, t in
-                                              signature["torch_names"].items()})
-        spec["initial"] = str(scratch / "initial.npz")
-
+        shared = full_step(model, optimizer)
         rows = {}
         for scheme in progress(schemes, f"workloads {model['name']}"):
+            # A LoRA scheme's step is its own: the adapters are parameters of its graph.
+            lora = scheme.get("lora")
+            layers, full, signature = (full_step(model, optimizer, lora, seed) if lora
+                                       else shared)
             step, sig, summary = prune_scheme(scheme, layers, full, signature)
             directory = scratch / scheme["name"]
             directory.mkdir()
+            start = copy.deepcopy(net)
+            if lora:
+                add_adapters(start, lora, seed)
+            state = {k: v.numpy() for k, v in start.state_dict().items()}
+            initial = directory.with_suffix(".initial.npz")
+            save_arrays(initial, {r: state[t] for r, t in signature["torch_names"].items()})
+            scheme_spec = dict(spec, initial=str(initial), lora=lora, seed=seed)
             started = time.perf_counter()
             backends = save_step(optimize(step, sig, reorder=True), sig, tvm_target(profile),
                                  directory, measured_backends=True)
             build_s = time.perf_counter() - started
-            frozen = dict(spec, trainable=selection_of(sig))
-            compiled_step = CompiledStep(directory, dict(np.load(spec["initial"])))
+            frozen = dict(scheme_spec, trainable=selection_of(sig))
+            compiled_step = CompiledStep(directory, dict(np.load(initial)))
             compiled_loss = [compiled_step.step(x, y) for _ in range(CHECKED_STEPS)]
             torch_loss = torch_losses(model, optimizer, frozen, x, y)
             if not np.allclose(compiled_loss, torch_loss, rtol=LOSS_RTOL, atol=0):
@@ -134,7 +143,8 @@ def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak:
                                  f"step's losses {compiled_loss} are not PyTorch's "
                                  f"{torch_loss} (rtol {LOSS_RTOL})")
             rows[scheme["name"]] = {
-                "compiled": run_isolated("compiled", dict(spec, build_dir=str(directory))),
+                "compiled": run_isolated("compiled", dict(scheme_spec,
+                                                          build_dir=str(directory))),
                 "torch_eager_frozen": run_isolated("torch_eager_frozen", frozen),
                 "flops": summary["pruned"]["flops"], "build_s": build_s,
                 "loss_compiled": compiled_loss, "loss_torch": torch_loss,
@@ -148,7 +158,8 @@ def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    full_flops = summary["full"]["flops"]
+    # The PyTorch full-BP cases run the model without adapters: its full step's FLOPs.
+    full_flops = prune_scheme(FULL_BP, *shared)[2]["full"]["flops"]
     for case, flops in ((eager, full_flops), (compiled_torch, full_flops)):
         case.update(tokens_per_s=tokens / case["median_ms"] * 1e3,
                     gflop_per_s=flops / case["median_ms"] / 1e6)
@@ -175,6 +186,8 @@ def torch_losses(model: dict, optimizer: dict, spec: dict, x, y) -> list[float]:
 
     net = build_model(model).train()
     net.load_state_dict(torch.load(spec["weights"], weights_only=True))
+    if spec.get("lora"):
+        add_adapters(net, spec["lora"], spec["seed"])
     update = make_optimizer(net, optimizer, spec["trainable"])
     return [train_step(net, update, torch.from_numpy(x), torch.from_numpy(y))
             for _ in range(CHECKED_STEPS)]
