@@ -51,7 +51,8 @@ def test_tokens_are_vocabulary_lines_with_cls_sep_and_padding():
         tokenize(["the food was yummy"], 8, vocab)
 
 
-TASK = {"model": "minilm", "schemes": ["minilm_lora"], "optimizer": "adamw", "lr": 1e-3,
+TASK = {"model": "minilm", "schemes": ["minilm_lora"], "optimizer": "adamw",
+        "lr": {"minilm_lora": 1e-3},
         "epochs": 1, "train_sentences": 16, "test_sentences": 24}
 
 
@@ -63,6 +64,9 @@ TASK = {"model": "minilm", "schemes": ["minilm_lora"], "optimizer": "adamw", "lr
     ({"schemes": []}, "text_task.schemes must list conf/sparse schemes"),
     ({"optimizer": "lion"}, "text_task.optimizer names 'lion'; allowed: "),
     ({"epochs": 0}, "text_task.epochs=0; allowed: an integer >= 1"),
+    ({"schemes": ["full", "minilm_lora"]}, "allowed: a learning rate per scheme, for each of "
+                                           "['full', 'minilm_lora']"),
+    ({"lr": {"minilm_lora": -1}}, "text_task.lr.minilm_lora=-1; allowed: a number > 0"),
     ({"train_sentences": 4}, "text_task.train_sentences=4 is less than one batch"),
 ])
 def test_bad_text_task_settings_are_named(change, message):
