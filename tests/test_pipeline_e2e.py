@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Devices: the host, and a phone whose build is an archive it links itself (no toolchain or
 # emulation needed here; tests/test_devices.py covers those).
 SMALL = ["devices=[host,android_sd8g2]", "pretrain.epochs=1", "finetune.epochs=1", "benchmark.warmup=1", "benchmark.steps=3",
-         "compare.schemes=[full,mbv2_channels]", "search.blocks.last=1", "search.steps=4"]
+         "compare.schemes=[full,mbv2_channels]", "search.blocks.last=1", "search.steps=4",
+         "text_task.train_sentences=24", "text_task.test_sentences=24"]
 # With a Docker engine: edge_x86 in a container given less memory than TVM's runtime needs (the
 # out-of-memory verdict), and the host's package image.
 DOCKER_SMALL = ["+profiles.edge_x86.memory_mb=48", "package.devices=[host]"]
@@ -67,14 +68,16 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     first = run(["dvc", "repro"], repo)
     assert {"data", "pretrain", "import", "lower", "autodiff", "sparse_prune", "optimize",
             "profiles", "build@host", "benchmark@host", "build@android_sd8g2",
-            "benchmark@android_sd8g2", "finetune", "scheme_search", "schemes",
-            "report"} <= ran_stages(first)
+            "benchmark@android_sd8g2", "finetune", "scheme_search", "schemes", "workloads",
+            "text_task", "report"} <= ran_stages(first)
     for path in ["import/model.pt2", "import/model.onnx", "lower/model.relax.py",
                  "autodiff/train_step.relax.py", "prune/train_step.relax.py", "prune/report.json",
                  "optimize/plan.json", "build/host/step.so", "build/host/manifest.json",
                  "profiles/android_sd8g2.json", "build/android_sd8g2/step.tar",
                  "benchmark/host.json", "finetune/metrics.json", "finetune/loss.json",
                  "search/scheme.yaml", "search/contributions.json", "schemes/metrics.json",
+                 "workloads/metrics.json", "text_task/metrics.json",
+                 "text_task/exports/minilm_lora/adapter.pt",
                  "report.md", "plots/latency.svg", "plots/memory.json", "plots/finetune.svg"]:
         assert (repo / "artifacts" / path).is_file(), path
     if docker:  # recorded, not a crash: the pipeline went on and the other devices ran

@@ -167,8 +167,42 @@ def render(params: dict) -> str:
         "",
     ]
     lines += kernel_profile(json.loads((ARTIFACTS / "profile" / "kernels.json").read_text()))
+    lines += text_models(json.loads((ARTIFACTS / "workloads" / "metrics.json").read_text()),
+                         json.loads((ARTIFACTS / "text_task" / "metrics.json").read_text()))
     lines += device_table(require(params, "devices"))
     return "\n".join(lines)
+
+
+def text_models(workloads: dict, task: dict) -> list[str]:
+    """The workloads stage's speed rows and the text task's scores, per model and scheme."""
+    lines = ["## Text models (host, compiled step vs PyTorch, same run)", "",
+             "| model | scheme | tokens/s | ms/step | vs eager full BP | vs eager, same layers "
+             "frozen | vs torch.compile | peak memory vs eager |",
+             "|---|---|---|---|---|---|---|---|"]
+    for model, rows in workloads.items():
+        eager = rows["torch_eager_full"]
+        lines.append(f"| {model} | PyTorch eager full BP | {eager['tokens_per_s']:.0f} | "
+                     f"{eager['median_ms']:.1f} | | | | |")
+        for name, row in rows["schemes"].items():
+            memory = row["memory_ratio_vs_torch_eager_full"]
+            lines.append(
+                f"| {model} | {name} | {row['compiled']['tokens_per_s']:.0f} | "
+                f"{row['compiled']['median_ms']:.1f} | {row['speedup_vs_torch_eager_full']:.2f}x "
+                f"| {row['speedup_vs_torch_eager_frozen']:.2f}x | "
+                f"{row['speedup_vs_torch_compile_full']:.2f}x | "
+                f"{'' if memory is None else f'{memory:.2f}'} |")
+    lines += ["", f"Text task ({task['model']}, {task['data']}): {task['task']}; "
+                  f"{task['train_sentences']} training sentences, {task['epochs']} epoch(s), "
+                  f"{task['test_sentences']} test sentences; accuracy before fine-tuning "
+                  f"{task['accuracy_before']:.3f}.", "",
+              "| scheme | trainable | accuracy, compiled | accuracy, PyTorch | last-epoch loss, "
+              "compiled | last-epoch loss, PyTorch |", "|---|---|---|---|---|---|"]
+    for name, row in task["schemes"].items():
+        lines.append(f"| {name} | {row['trainable_fraction']:.2%} | "
+                     f"{row['accuracy_compiled']:.3f} | {row['accuracy_pytorch']:.3f} | "
+                     f"{row['final_epoch_loss_compiled']:.4f} | "
+                     f"{row['final_epoch_loss_pytorch']:.4f} |")
+    return lines + [""]
 
 
 def kernel_profile(profile: dict) -> list[str]:

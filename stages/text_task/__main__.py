@@ -135,21 +135,9 @@ def main() -> None:
                       measured_backends=True)
 
             reference = fresh(lora)
-            state = {k: v.numpy() for k, v in reference.state_dict().items()}
-            compiled = CompiledStep(directory, {r: state[t] for r, t in
-                                                signature["torch_names"].items()})
-            update = make_optimizer(reference, optimizer, selection_of(signature))
-            losses = []
-            for epoch in range(task["epochs"]):
-                for index in progress(list(batches(len(train_x), int(model["batch_size"]),
-                                                   seed, epoch)),
-                                      f"text task {scheme['name']} epoch {epoch + 1}"):
-                    x, y = train_x[index], train_y[index]
-                    losses.append((compiled.step(x, y),
-                                   train_step(reference, update, torch.from_numpy(x),
-                                              torch.from_numpy(y))))
-                    if len(losses) == CHECKED_STEPS:
-                        check_first_losses(scheme["name"], losses)
+            compiled, losses = fine_tune(directory, reference, optimizer, signature, train_x,
+                                         train_y, task["epochs"], int(model["batch_size"]),
+                                         seed, scheme["name"])
             tuned = compiled.load_into(fresh(lora))
             rows[scheme["name"]] = row(scheme, summary, losses, accuracy(tuned, test_x, test_y),
                                        accuracy(reference, test_x, test_y),
@@ -157,13 +145,13 @@ def main() -> None:
             curves[scheme["name"]] = losses
             if lora:
                 exports[scheme["name"]] = export(tuned, lora, selection_of(signature))
-                check_export(scheme["name"], exports[scheme["name"]], lora, fresh, test_x,
-                             test_y, rows[scheme["name"]]["accuracy_compiled"])
-            print(f"{scheme['name']}: accuracy compiled {rows[scheme['name']]['accuracy_compiled']:.3f}"
-                  f" pytorch {rows[scheme['name']]['accuracy_pytorch']:.3f} (before "
-                  f"{accuracy_before:.3f}); last epoch loss compiled "
-                  f"{rows[scheme['name']]['final_epoch_loss_compiled']:.4f} pytorch "
-                  f"{rows[scheme['name']]['final_epoch_loss_pytorch']:.4f}", flush=True)
+                check_export(scheme["name"], exports[scheme["name"]], fresh, test_x, test_y,
+                             rows[scheme["name"]]["accuracy_compiled"])
+            done = rows[scheme["name"]]
+            print(f"{scheme['name']}: accuracy compiled {done['accuracy_compiled']:.3f} pytorch "
+                  f"{done['accuracy_pytorch']:.3f} (before {accuracy_before:.3f}); last epoch "
+                  f"loss compiled {done['final_epoch_loss_compiled']:.4f} pytorch "
+                  f"{done['final_epoch_loss_pytorch']:.4f}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -183,6 +171,28 @@ def main() -> None:
         for name, (filename, payload) in exports.items():
             (tmp / "exports" / name).mkdir()
             torch.save(payload, tmp / "exports" / name / filename)
+
+
+def fine_tune(directory: Path, reference: torch.nn.Module, optimizer: dict, signature: dict,
+              x_all: np.ndarray, y_all: np.ndarray, epochs: int, batch: int, seed: int,
+              name: str) -> tuple[CompiledStep, list[tuple[float, float]]]:
+    """The compiled step in ``directory`` and PyTorch (``reference``, updated in place) on the
+    same batches from the same weights; per step, (compiled loss, PyTorch loss)."""
+    state = {k: v.numpy() for k, v in reference.state_dict().items()}
+    compiled = CompiledStep(directory, {r: state[t] for r, t in
+                                        signature["torch_names"].items()})
+    update = make_optimizer(reference, optimizer, selection_of(signature))
+    losses = []
+    for epoch in range(epochs):
+        for index in progress(list(batches(len(x_all), batch, seed, epoch)),
+                              f"text task {name} epoch {epoch + 1}"):
+            x, y = x_all[index], y_all[index]
+            losses.append((compiled.step(x, y),
+                           train_step(reference, update, torch.from_numpy(x),
+                                      torch.from_numpy(y))))
+            if len(losses) == CHECKED_STEPS:
+                check_first_losses(name, losses)
+    return compiled, losses
 
 
 def check_first_losses(name: str, losses: list[tuple[float, float]]) -> None:
@@ -214,8 +224,7 @@ def export(tuned: torch.nn.Module, lora: dict, trained: dict) -> tuple[str, dict
     return "adapter.pt", {"lora": lora, "state": adapter_state(state, trained)}
 
 
-def check_export(name: str, exported: tuple[str, dict], lora: dict, fresh, x, y,
-                 expected: float) -> None:
+def check_export(name: str, exported: tuple[str, dict], fresh, x, y, expected: float) -> None:
     """The export, loaded as a user would, scores what the compiled step scored."""
     filename, payload = exported
     if filename == "weights.pt":

@@ -3,7 +3,8 @@
 Usage: python -m stages.workloads
 For each model of ``workloads.models`` (conf/model/<name>.yaml at its reference size: the
 LLaMA-style decoder llama_tiny, the pretrained MiniLM encoder) and each of its schemes
-(conf/sparse): import, autodiff, prune, optimize and build the step here
+(conf/sparse; a LoRA scheme's seeded adapters added to the model, and to PyTorch's with it):
+import, autodiff, prune, optimize and build the step here
 (matrix products on the backend measured faster, as build@host does), check its first step's
 loss against PyTorch's, then time it as the benchmark does (a fresh process per case, the
 profile's cores, ``benchmark.warmup`` then ``benchmark.steps`` steps). In the same run: PyTorch
