@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import stages.text_task.__main__ as stage
-from pipelines.config import ConfigError
+from pipelines.config import ConfigError, load_profile
 from stages.text_task.data import (NEGATIONS, SPLITS, load_vocab, sentences, tokenize)
 
 
@@ -93,6 +93,8 @@ def test_a_small_lora_run_writes_metrics_curves_and_a_checked_export(tmp_path, m
     monkeypatch.setattr(stage, "load_conf_entry", load)
     monkeypatch.setattr(stage, "load_params", lambda: {"text_task": TASK, "seed": 0})
     monkeypatch.setattr(stage, "OUT", tmp_path / "text_task")
+    # The host profile from its file: a clean checkout has no artifacts/profiles yet.
+    monkeypatch.setattr(stage, "resolved_profile", lambda name: load_profile(name, {}))
     stage.main()
     metrics = json.loads((tmp_path / "text_task" / "metrics.json").read_text())
     row = metrics["schemes"]["minilm_lora"]

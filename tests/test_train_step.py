@@ -34,8 +34,8 @@ from stages.prune.scheme import select
 HOST = tvm.target.Target({"kind": "llvm"})
 OPT = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
 # Every named scheme for MobileNetV2 in conf/sparse; the text models' schemes are tested with
-# their models (tests/test_transformer.py, tests/test_minilm.py).
-TEXT_SCHEMES = {"transformer_paper", "minilm_paper"}
+# their models (tests/test_transformer.py, tests/test_minilm.py, LoRA in tests/test_lora.py).
+TEXT_SCHEMES = {"transformer_paper", "minilm_paper", "llama_lora", "minilm_lora"}
 NAMED = {path.stem: yaml.safe_load(path.read_text())
          for path in sorted((CONF / "sparse").glob("*.yaml")) if path.stem not in TEXT_SCHEMES}
 MBV2_PAPER = NAMED["mbv2_paper"]
