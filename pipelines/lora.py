@@ -21,6 +21,7 @@ adapters beside them (``adapter_state``), to be added back with ``add_adapters``
 from __future__ import annotations
 
 import math
+from copy import deepcopy
 
 import torch
 import torch.nn.functional as F
@@ -107,6 +108,15 @@ def add_adapters(model: nn.Module, lora: dict, seed: int,
     return [p for p in linears if p in adapted]
 
 
+def adapted(model: nn.Module, lora: dict | None, seed: int) -> nn.Module:
+    """A copy of ``model``, with the adapters of ``lora`` (if any) added: a scheme's starting
+    model, the same tensors the compiled step starts from."""
+    copy = deepcopy(model)
+    if lora:
+        add_adapters(copy, lora, seed)
+    return copy
+
+
 def adapter_names(state: dict) -> list[str]:
     return [k for k in state if k.endswith((".lora_a.weight", ".lora_b.weight"))]
 
@@ -115,8 +125,9 @@ def merged_state(state: dict, lora: dict) -> dict:
     """A state dict of the model with adapters -> one of the model without: W + alpha/r B A."""
     lora = check_lora(lora)
     scale = lora["alpha"] / lora["rank"]
-    merged = {k: v.clone() for k, v in state.items() if k not in adapter_names(state)}
-    for name in adapter_names(state):
+    adapters = adapter_names(state)
+    merged = {k: v.clone() for k, v in state.items() if k not in adapters}
+    for name in adapters:
         if name.endswith(".lora_a.weight"):
             module = name.removesuffix(".lora_a.weight")
             merged[f"{module}.weight"] += scale * (state[f"{module}.lora_b.weight"]
@@ -127,4 +138,5 @@ def merged_state(state: dict, lora: dict) -> dict:
 def adapter_state(state: dict, trained=()) -> dict:
     """The adapters and the other ``trained`` tensors (e.g. a new head), by name: what a
     fine-tuned model adds to the one it started from (``add_adapters``, then load these)."""
-    return {k: state[k].clone() for k in state if k in adapter_names(state) or k in trained}
+    keep = set(adapter_names(state)) | set(trained)
+    return {k: v.clone() for k, v in state.items() if k in keep}

@@ -131,6 +131,12 @@ def initial_state(signature: dict, initial: dict[str, np.ndarray]) -> dict[str, 
     return state
 
 
+def initial_from(model: torch.nn.Module, signature: dict) -> dict[str, np.ndarray]:
+    """The step's parameters and buffers (by their names in the step) from ``model``."""
+    state = model.state_dict()
+    return {r: state[t].numpy() for r, t in signature["torch_names"].items()}
+
+
 def selection_of(signature: dict) -> dict[str, dict | None]:
     """The scheme's selection a step was built with, under PyTorch names (stages/prune/scheme.py:
     None for a whole parameter, {"axis", "index"} for some channels)."""

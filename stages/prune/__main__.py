@@ -78,14 +78,18 @@ def report(full, full_signature: dict, pruned, signature: dict, gradient_slicing
     }
 
 
+def all_trainable(signature: dict) -> dict:
+    """The full step's signature with every parameter trainable (full backpropagation)."""
+    params = signature["inputs"][2:2 + signature["num_params"]]
+    return dict(signature, trainable=params, channels={})
+
+
 def prune_scheme(scheme: dict, layers: dict, full, signature: dict) -> tuple:
     """(pruned step, its signature, report) of ``scheme`` applied to the full step."""
     selection = select(scheme, layers)
     pruned, new_signature, slicing = sparse_step(full, signature, selection)
     new_signature["scheme"] = scheme["name"]
-    params = signature["inputs"][2:2 + signature["num_params"]]
-    summary = report(full, dict(signature, trainable=params, channels={}), pruned,
-                     new_signature, slicing)
+    summary = report(full, all_trainable(signature), pruned, new_signature, slicing)
     return pruned, new_signature, summary
 
 

@@ -6,6 +6,8 @@ then pruned with the scheme.
 """
 from __future__ import annotations
 
+import json
+
 import torch
 
 from pipelines.lora import add_adapters
@@ -33,6 +35,26 @@ def full_step(model_cfg: dict, opt_cfg: dict, lora: dict | None = None,
     signature["torch_names"] = {v.name: names[v.name][1] for v in main.params[1:]}
     signature["num_params"] = num_params
     return describe_layers(model), step, signature
+
+
+def shared_full_step(model_cfg: dict, opt_cfg: dict, lora: dict | None, seed: int,
+                     full_steps: dict) -> tuple[dict, object, dict]:
+    """``full_step``, kept in ``full_steps`` per optimizer and LoRA adapters (the two things a
+    full step of one model depends on), so the schemes that share one build it once."""
+    key = json.dumps([opt_cfg, lora], sort_keys=True)
+    if key not in full_steps:
+        full_steps[key] = full_step(model_cfg, opt_cfg, lora, seed)
+    return full_steps[key]
+
+
+def scheme_step(model_cfg: dict, opt_cfg: dict, scheme: dict, seed: int,
+                full_steps: dict) -> tuple:
+    """(pruned step, signature, report) of ``scheme`` on the configured model, from the full
+    step of its optimizer and its LoRA adapters (``shared_full_step``)."""
+    from stages.prune.__main__ import prune_scheme
+
+    return prune_scheme(scheme, *shared_full_step(model_cfg, opt_cfg, scheme.get("lora"), seed,
+                                                  full_steps))
 
 
 def _size(n: float) -> str:

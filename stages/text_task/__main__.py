@@ -22,7 +22,6 @@ Outputs (artifacts/text_task/):
 """
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,14 +32,13 @@ import torch
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic
 from pipelines.config import (ConfigError, load_conf_entry, load_params, require,
                               resolved_profile, run_stage, tvm_target)
-from pipelines.lora import adapter_state, add_adapters, check_lora, merged_state
+from pipelines.lora import adapted, adapter_state, check_lora, merged_state
 from pipelines.models import build_model
 from pipelines.progress import progress
-from pipelines.step import CompiledStep, save_step, selection_of
+from pipelines.step import CompiledStep, initial_from, save_step, selection_of
 from pipelines.torch_ref import accuracy, batches, make_optimizer, train_step
 from stages.optimize.passes import optimize
-from stages.prune.__main__ import prune_scheme
-from stages.prune.show import full_step
+from stages.prune.show import scheme_step
 from stages.text_task.data import load_vocab, sentences, tokenize
 
 OUT = ARTIFACTS / "text_task"
@@ -106,29 +104,19 @@ def main() -> None:
 
     torch.manual_seed(seed)
     base = build_model(model).train()  # the pretrained encoder and a seeded head
-    base_state = {k: v.clone() for k, v in base.state_dict().items()}
     accuracy_before = accuracy(base, test_x, test_y)
 
     def fresh(lora: dict | None) -> torch.nn.Module:
         """The starting model of a scheme: its adapters, if any, added (seeded)."""
-        net = build_model(dict(model, pretrained=False)).train()
-        net.load_state_dict(base_state)
-        if lora:
-            add_adapters(net, lora, seed)
-        return net
+        return adapted(base, lora, seed)
 
-    shared, rows, curves, exports = {}, {}, {}, {}
+    full_steps, rows, curves, exports = {}, {}, {}, {}
     scratch = Path(tempfile.mkdtemp(prefix="pock-text-task-"))
     try:
         for scheme in schemes:
             lora, optimizer = scheme.get("lora"), optimizers[scheme["name"]]
-            if lora:
-                built = full_step(model, optimizer, lora, seed)
-            else:  # one full step per optimizer (the learning rate is a constant of it)
-                key = json.dumps(optimizer, sort_keys=True)
-                shared[key] = shared.get(key) or full_step(model, optimizer)
-                built = shared[key]
-            step, signature, summary = prune_scheme(scheme, *built)
+            # The learning rate is a constant of the step: one full step per rate.
+            step, signature, summary = scheme_step(model, optimizer, scheme, seed, full_steps)
             directory = scratch / scheme["name"]
             directory.mkdir()
             save_step(optimize(step, signature, reorder=True), signature, target, directory,
@@ -178,9 +166,7 @@ def fine_tune(directory: Path, reference: torch.nn.Module, optimizer: dict, sign
               name: str) -> tuple[CompiledStep, list[tuple[float, float]]]:
     """The compiled step in ``directory`` and PyTorch (``reference``, updated in place) on the
     same batches from the same weights; per step, (compiled loss, PyTorch loss)."""
-    state = {k: v.numpy() for k, v in reference.state_dict().items()}
-    compiled = CompiledStep(directory, {r: state[t] for r, t in
-                                        signature["torch_names"].items()})
+    compiled = CompiledStep(directory, initial_from(reference, signature))
     update = make_optimizer(reference, optimizer, selection_of(signature))
     losses = []
     for epoch in range(epochs):

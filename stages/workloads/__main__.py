@@ -20,7 +20,6 @@ took.
 """
 from __future__ import annotations
 
-import copy
 import shutil
 import tempfile
 import time
@@ -33,15 +32,15 @@ import torch
 from pipelines.artifacts import ARTIFACTS, save_arrays, write_json_atomic
 from pipelines.config import (ConfigError, load_conf_entry, load_params, require,
                               resolved_profile, run_stage, tvm_target)
-from pipelines.lora import add_adapters
+from pipelines.lora import adapted, add_adapters
 from pipelines.models import build_model
 from pipelines.progress import progress
-from pipelines.step import CompiledStep, save_step, selection_of
+from pipelines.step import CompiledStep, initial_from, save_step, selection_of
 from stages.benchmark.__main__ import in_fresh_process, run_isolated
 from stages.benchmark.cases import sgemm_peak
 from stages.optimize.passes import optimize
-from stages.prune.__main__ import prune_scheme
-from stages.prune.show import full_step
+from stages.prune.__main__ import all_trainable, step_cost
+from stages.prune.show import scheme_step, shared_full_step
 
 OUT = ARTIFACTS / "workloads" / "metrics.json"
 # The compiled step's losses against PyTorch's over the first steps (the second one's loss
@@ -50,7 +49,6 @@ CHECKED_STEPS, LOSS_RTOL = 2, 1e-4
 
 
 TEXT_ARCHS = {"llama", "minilm"}
-FULL_BP = {"name": "full", "rules": [{"name": "everything", "modules": ["*"]}]}
 
 
 def load_model(name: str) -> dict:
@@ -114,22 +112,14 @@ def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak:
                 "warmup": int(bench["warmup"]), "steps": int(bench["steps"]),
                 "batch_file": str(scratch / "batch.npz"), "weights": str(scratch / "weights.pt"),
                 "model": model, "optimizer": optimizer, "trainable": {}}
-        shared = full_step(model, optimizer)
-        rows = {}
+        full_steps, rows = {}, {}
         for scheme in progress(schemes, f"workloads {model['name']}"):
-            # A LoRA scheme's step is its own: the adapters are parameters of its graph.
             lora = scheme.get("lora")
-            layers, full, signature = (full_step(model, optimizer, lora, seed) if lora
-                                       else shared)
-            step, sig, summary = prune_scheme(scheme, layers, full, signature)
+            step, sig, summary = scheme_step(model, optimizer, scheme, seed, full_steps)
             directory = scratch / scheme["name"]
             directory.mkdir()
-            start = copy.deepcopy(net)
-            if lora:
-                add_adapters(start, lora, seed)
-            state = {k: v.numpy() for k, v in start.state_dict().items()}
             initial = directory.with_suffix(".initial.npz")
-            save_arrays(initial, {r: state[t] for r, t in signature["torch_names"].items()})
+            save_arrays(initial, initial_from(adapted(net, lora, seed), sig))
             scheme_spec = dict(spec, initial=str(initial), lora=lora, seed=seed)
             started = time.perf_counter()
             backends = save_step(optimize(step, sig, reorder=True), sig, tvm_target(profile),
@@ -160,7 +150,8 @@ def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak:
         shutil.rmtree(scratch, ignore_errors=True)
 
     # The PyTorch full-BP cases run the model without adapters: its full step's FLOPs.
-    full_flops = prune_scheme(FULL_BP, *shared)[2]["full"]["flops"]
+    _, full, signature = shared_full_step(model, optimizer, None, seed, full_steps)
+    full_flops = step_cost(full, all_trainable(signature))["flops"]
     for case, flops in ((eager, full_flops), (compiled_torch, full_flops)):
         case.update(tokens_per_s=tokens / case["median_ms"] * 1e3,
                     gflop_per_s=flops / case["median_ms"] / 1e6)
