@@ -99,6 +99,20 @@ def cmd_build(args) -> int:
     return _repro([f"build@{d}" for d in _devices(args.devices)])
 
 
+def cmd_pretuned(args) -> int:
+    """Merge the tune stage's records for a device into its committed, pre-tuned database."""
+    from pipelines.artifacts import ARTIFACTS
+    from pipelines.tuning import PRETUNED, WORKLOADS, merge_databases
+
+    tuned = ARTIFACTS / "tune" / args.device
+    if not (tuned / WORKLOADS).exists():
+        raise ConfigError(f"{tuned}: no tuning database; run `dvc repro tune@{args.device}` "
+                          f"with the profile's tune.trials above 0 first")
+    count = merge_databases([PRETUNED / args.device, tuned], PRETUNED / args.device)
+    print(f"{PRETUNED / args.device}: {count} kernels with a tuned schedule; commit it")
+    return EXIT_OK
+
+
 def cmd_bench(args) -> int:
     """Benchmark the compiled step against PyTorch on devices, then print the ratios."""
     import json
@@ -240,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
                                      "build@<device>)")
     p.add_argument("devices", nargs="*", help="device profiles (default: params.yaml devices)")
     p.set_defaults(func=cmd_build)
+    p = sub.add_parser("pretuned", help="merge artifacts/tune/<device> into the committed "
+                                        "device_profiles/tuned/<device>")
+    p.add_argument("device", help="a device profile whose tune stage has run")
+    p.set_defaults(func=cmd_pretuned)
     p = sub.add_parser("bench", help="benchmark compiled vs PyTorch per device (dvc repro "
                                      "benchmark@<device>) and print the ratios")
     p.add_argument("devices", nargs="*", help="device profiles (default: params.yaml devices)")

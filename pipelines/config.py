@@ -59,7 +59,7 @@ def available_profiles(overrides: dict | None = None) -> list[str]:
 
 
 PROFILE_KEYS = {"name", "description", "extends", "target", "host", "cores", "memory_mb",
-                "memory_budget_mb", "runner", "toolchain", "remote", "emulation", "docker"}
+                "memory_budget_mb", "runner", "toolchain", "remote", "emulation", "docker", "tune"}
 # local: this machine; rpc: a TVM RPC tracker's server; emulated: qemu user mode here; docker:
 # this machine's CPU in a container limited to the profile's cores and memory; none: built only
 # (nothing here reaches the device, or it links the archive itself).
@@ -128,6 +128,7 @@ def load_profile(name: str, overrides: dict | None = None) -> dict:
         value = profile.get(key)
         if value is not None and (not isinstance(value, (int, float)) or value <= 0):
             raise ConfigError(f"{path}: {key}={value!r}; allowed: a positive number of MiB")
+    check_tune(profile, path)
     if profile["runner"] == "rpc":
         for key in ("remote.tracker", "remote.key"):
             require(profile, key, path)
@@ -152,6 +153,25 @@ def load_profile(name: str, overrides: dict | None = None) -> dict:
                               f"{platform.machine()}-linux-gnu (for another CPU: emulated, rpc "
                               "or none)")
     return profile
+
+
+def check_tune(profile: dict, path) -> None:
+    """``tune.trials``: MetaSchedule trials the tune stage runs for this device (default 0:
+    only the committed pre-tuned records). Tuning measures candidates here, so it needs a CPU
+    target this machine runs (runner local)."""
+    tune = profile["tune"] = {"trials": 0, **(profile.get("tune") or {})}
+    unknown = set(tune) - {"trials"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown keys {sorted('tune.' + k for k in unknown)}; "
+                          "allowed: ['tune.trials']")
+    trials = tune["trials"]
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
+        raise ConfigError(f"{path}: tune.trials={trials!r}; allowed: a whole number >= 0")
+    if trials and (profile["runner"] != "local" or profile["target"]["kind"] != "llvm"):
+        raise ConfigError(f"{path}: tune.trials={trials} needs candidates timed on the device, "
+                          f"but runner={profile['runner']!r}, target kind "
+                          f"{profile['target']['kind']!r}; allowed: tune.trials 0 (committed "
+                          "records only), or runner 'local' with an llvm target")
 
 
 def cpu_architecture(profile: dict) -> str:

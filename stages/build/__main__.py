@@ -6,6 +6,8 @@ profile whose toolchain.output is archive, step.tar (object files the device lin
 signature.json (how to call it), plan.json (the planned memory of the step built),
 manifest.json (input hashes, target, TVM version, toolchain and linking, whether activations
 are recomputed).
+CPU kernels take the tune stage's schedules (artifacts/tune/<device>/) where it has one, the
+default schedules otherwise.
 A step whose planned peak memory exceeds the profile's budget takes the optimize stage's
 recomputing twin when there is one that fits (optimize.recompute=auto), else is refused before
 compiling. A missing cross compiler or nvcc is refused before compiling too, naming the
@@ -18,12 +20,14 @@ import shutil
 import sys
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.config import check_memory_budget, resolved_profile, run_stage
+from pipelines.config import ConfigError, check_memory_budget, resolved_profile, run_stage
 from pipelines.ir import load_ir
+from pipelines.tuning import open_database
 from stages.build.toolchain import compile_step
 
 OPTIMIZE = ARTIFACTS / "optimize"
 SIGNATURE = ARTIFACTS / "prune" / "signature.json"
+TUNE = ARTIFACTS / "tune"  # the tune stage's database per device
 
 
 def build(device: str) -> None:
@@ -31,11 +35,14 @@ def build(device: str) -> None:
     plan = json.loads((OPTIMIZE / "plan.json").read_text())
     recompute = check_memory_budget(plan, profile)
     optimized = OPTIMIZE / ("train_step_recompute.json" if recompute else "train_step.json")
+    if not (TUNE / device).is_dir():
+        raise ConfigError(f"{TUNE / device}: not found; run `dvc repro tune@{device}` first")
     with atomic_dir(ARTIFACTS / "build" / device) as tmp:
-        built = compile_step(load_ir(optimized), profile, tmp)
+        built = compile_step(load_ir(optimized), profile, tmp, open_database(TUNE / device))
         shutil.copyfile(SIGNATURE, tmp / "signature.json")
         write_json_atomic(tmp / "plan.json", plan["recompute"] if recompute else plan)
-        write_manifest(tmp, f"build@{device}", {"optimized": optimized, "signature": SIGNATURE},
+        write_manifest(tmp, f"build@{device}", {"optimized": optimized, "signature": SIGNATURE,
+                                                 "tuning": TUNE / device},
                        {"profile": profile, **built,
                         "recomputed": recompute or plan["recomputed"]})
     print(f"built {device}: {built['library']} ({built['library_bytes'] / 2**20:.2f} MiB, "

@@ -21,6 +21,7 @@ import tvm
 from pipelines.backends import compile_with_backends
 from pipelines.config import PROFILES, ConfigError, tvm_target
 from pipelines.schedules import with_cpu_schedules
+from pipelines.tuning import apply_database
 from stages.build.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
 from stages.build.gpu import GPU_KINDS, gpu_pipeline
 
@@ -51,8 +52,10 @@ def check_toolchain(profile: dict) -> None:
                           f"not on PATH; install {NVCC_PACKAGE}")
 
 
-def compile_step(mod: tvm.IRModule, profile: dict, directory: Path) -> dict:
-    """Compile ``mod`` for ``profile`` into ``directory``; returns what the manifest records."""
+def compile_step(mod: tvm.IRModule, profile: dict, directory: Path, database=None) -> dict:
+    """Compile ``mod`` for ``profile`` into ``directory``; returns what the manifest records.
+    A CPU kernel with a record in ``database`` (a tuning database, pipelines/tuning.py) takes
+    its tuned schedule, the others the default one."""
     check_toolchain(profile)
     target = tvm_target(profile)
     toolchain, kernels, cuda = profile["toolchain"], Counter(), {}
@@ -67,7 +70,11 @@ def compile_step(mod: tvm.IRModule, profile: dict, directory: Path) -> dict:
         backends = {"measured": measured, "kernels": rows} if measured else {
             "measured": False, "reason": f"runner {profile['runner']}: the build cannot time "
                                          f"kernels on the device; every product generated"}
-        (mod, kernels), pipeline = with_cpu_schedules(mod, target), "default"
+        if database is not None:
+            mod, tuned = apply_database(mod, target, database)
+            kernels["tuned"] = len(tuned)
+        mod, scheduled = with_cpu_schedules(mod, target)
+        kernels, pipeline = kernels + scheduled, "default"
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
     library = Path(directory) / LIBRARY[toolchain["output"]]
     if toolchain["output"] == "archive":

@@ -1,0 +1,131 @@
+"""tune@device: tuned schedules for the training step's kernels on one device.
+
+Usage: python -m stages.tune <device>
+Outputs (artifacts/tune/<device>/): workloads.json and records.json, a MetaSchedule JSON
+database with the best schedule of each kernel that has one (the build applies it:
+pipelines/tuning.py); metrics.json (kernels, how many have a tuned schedule, trials run, seconds
+and trials per second); manifest.json.
+
+The profile's ``tune.trials`` decides how much tuning happens here:
+- 0 (every shipped profile): none; the committed records in device_profiles/tuned/<device>/
+  that this step's kernels match are taken as they are. `dvc repro` stays minutes, not hours.
+- N > 0: N more trials of MetaSchedule, measured on this machine, starting from those committed
+  records, so tuning only ever improves on them; e.g.
+  `pock compose profiles.host.tune.trials=2000 && dvc repro tune@host`. `pock pretuned host`
+  then merges the results into the committed database.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from tvm import relax
+
+from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
+from pipelines.backends import switch_backends
+from pipelines.config import (check_memory_budget, load_params, resolved_profile, run_stage,
+                              tvm_target)
+from pipelines.ir import load_ir
+from pipelines.backends import MARGIN
+from pipelines.tuning import (PRETUNED, best_record, kernel_us, open_database, select_records,
+                              tunable_kernels, tune)
+
+OPTIMIZE = ARTIFACTS / "optimize"
+TUNE_SHARE = 0.9  # of the step's kernel time (default schedules) that is tuned
+
+
+def calls_per_step(mod) -> Counter:
+    """How many times the step calls each kernel: MetaSchedule's task weights."""
+    calls = Counter()
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: calls.update(
+                [e.args[0].name_hint]) if isinstance(e, relax.Call) and getattr(
+                    e.op, "name", "") == "relax.call_tir" else None)
+    return calls
+
+
+def step_kernels(profile: dict):
+    """The kernels the device's build will schedule: those of the step it builds (the
+    recomputing twin where the plain one is over budget), every matrix product generated
+    (the build may still put a product on OpenBLAS)."""
+    plan = json.loads((OPTIMIZE / "plan.json").read_text())
+    name = "train_step_recompute.json" if check_memory_budget(plan, profile) else "train_step.json"
+    mod = switch_backends(load_ir(OPTIMIZE / name), {})
+    return tunable_kernels(mod), calls_per_step(mod), OPTIMIZE / name
+
+
+def by_cost(kernels: dict, calls: Counter, target) -> dict[str, float]:
+    """Per kernel, microseconds per step with the default schedules (one call's time times its
+    calls), costliest first."""
+    cost = {name: kernel_us(func, target) * calls.get(name, 1) for name, func in kernels.items()}
+    return dict(sorted(cost.items(), key=lambda item: -item[1]))
+
+
+def main(device: str) -> None:
+    profile = resolved_profile(device)
+    trials = profile["tune"]["trials"]
+    target = tvm_target(profile)
+    out, pretuned = ARTIFACTS / "tune" / device, PRETUNED / device
+    kernels, calls, step = step_kernels(profile)
+    if target.kind.name != "llvm":  # GPU kernels take the GPU rules (stages/build/gpu.py)
+        kernels = {}
+    committed = open_database(pretuned)
+    metrics = {"kernels": len(kernels), "trials": trials if kernels else 0,
+               "pretuned": str(pretuned) if pretuned.exists() else None}
+    with atomic_dir(out) as tmp, tempfile.TemporaryDirectory(prefix="pock-tune-") as work:
+        keep = kernels  # with no trials, every committed record these kernels match
+        sources = [committed]
+        if trials and kernels:
+            start = time.monotonic()
+            print(f"tune@{device}: timing {len(kernels)} kernels with the default schedules",
+                  flush=True)
+            cost = by_cost(kernels, calls, target)
+            # The costliest kernels that together take TUNE_SHARE of the kernel time: the
+            # rest are too cheap to repay a round of trials each.
+            total, covered, chosen = sum(cost.values()), 0.0, {}
+            for name, us in cost.items():
+                if covered >= TUNE_SHARE * total:
+                    break
+                chosen[name], covered = kernels[name], covered + us
+            print(f"tune@{device}: {trials} trials over the {len(chosen)} kernels that take "
+                  f"{covered / total:.0%} of {total / 1e3:.2f} ms of kernel time "
+                  f"(logs: {work}/logs)", flush=True)
+            tuned = tune(chosen, calls, target, trials, Path(work), [committed],
+                         load_params()["seed"], profile["cores"], f"tune@{device}")
+            # A tuned schedule is kept only where it measures faster than the default one.
+            rows, keep = {}, {}
+            for name, us in cost.items():
+                row = {"calls": calls.get(name, 1), "default_us": round(us / calls.get(name, 1), 3)}
+                if name in chosen and best_record([tuned], kernels[name]) is not None:
+                    row["tuned_us"] = round(kernel_us(kernels[name], target, tuned), 3)
+                    if row["tuned_us"] * MARGIN < row["default_us"]:
+                        keep[name] = kernels[name]
+                row["schedule"] = "tuned" if name in keep else "default"
+                rows[name] = row
+            sources = [tuned, committed]
+            per_step = {name: row["calls"] * row.get("tuned_us" if name in keep else
+                                                     "default_us") for name, row in rows.items()}
+            metrics.update(
+                tuned_trials_kernels=len(chosen), tuning_seconds=round(time.monotonic() - start, 1),
+                kernel_ms_per_step={"default": round(total / 1e3, 3),
+                                    "chosen": round(sum(per_step.values()) / 1e3, 3)},
+                by_kernel=rows)
+            metrics["trials_per_second"] = round(trials / metrics["tuning_seconds"], 3)
+        found = select_records(keep, sources, tmp)
+        metrics.update(tuned_kernels=len(found),
+                       records_us={name: round(us, 3) for name, us in found.items()})
+        write_json_atomic(tmp / "metrics.json", metrics)
+        inputs = {"step": step, **({"pretuned": pretuned} if pretuned.exists() else {})}
+        write_manifest(tmp, f"tune@{device}", inputs, {"profile": profile, "trials": trials})
+    print(f"tune@{device}: {len(found)} of {len(kernels)} kernels have a tuned schedule"
+          + (f"; {trials} trials in {metrics['tuning_seconds']:.0f} s" if trials and kernels
+             else f" (from {pretuned}; tune.trials is 0)"))
+
+
+if __name__ == "__main__":
+    run_stage(lambda: main(sys.argv[1]))

@@ -1,0 +1,143 @@
+"""Tuned schedules (pipelines/tuning.py, stages/tune): the committed pre-tuned records compute
+what the default schedules compute, a step built with them matches PyTorch, the database the
+tune stage writes is the same bytes for the same inputs, and bad settings are refused. Nothing
+here tunes: the records are the committed ones of device_profiles/tuned/host."""
+import json
+import re
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+import yaml
+from tvm.s_tir import meta_schedule as ms
+
+from pipelines.config import CONF, ConfigError, load_profile, tvm_target
+from pipelines.tuning import (PRETUNED, InProcessBuilder, apply_database, merge_databases,
+                              open_database, select_records, tunable_kernels, workload)
+from stages.build.toolchain import compile_step
+from stages.optimize.passes import optimize
+from stages.prune.prune import sparse_step
+from stages.prune.scheme import select
+from stages.prune.show import full_step
+from tests.conftest import chained_steps_match
+
+HOST = load_profile("host", {})
+TARGET = tvm_target(HOST)
+COMMITTED = open_database(PRETUNED / "host")
+# The main pipeline's default step (conf/config.yaml): the kernels the records were tuned for.
+MODEL = {"name": "mbv2", "arch": "mobilenetv2", "width": 0.35, "num_classes": 10,
+         "in_channels": 3, "image_size": 32, "batch_size": 8}
+OPT = {"name": "sgd", "lr": 0.05, "momentum": 0.9}
+
+
+def committed_kernels() -> list:
+    return [record.workload.mod for record in COMMITTED.get_all_tuning_records()]
+
+
+def run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    kernel = tvm.compile(mod, target=TARGET)["main"]
+    args = [tvm.runtime.tensor(a) for a in inputs]
+    kernel(*args)
+    return [a.numpy() for a in args]
+
+
+def test_a_pretuned_database_is_committed_for_the_host():
+    assert len(committed_kernels()) > 0
+
+
+def test_committed_records_compute_what_the_default_schedules_compute():
+    from pipelines.schedules import with_cpu_schedules
+
+    rng = np.random.default_rng(0)
+    for mod in committed_kernels():
+        func = mod["main"]
+        inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype))
+                  if "float" in str(p.dtype) else np.zeros([int(d) for d in p.shape],
+                                                            str(p.dtype))
+                  for p in func.params]
+        tuned, names = apply_database(mod, TARGET, COMMITTED)
+        assert names == ["main"]
+        default, _ = with_cpu_schedules(mod, TARGET)
+        want, got = run(default, [a.copy() for a in inputs]), run(tuned, [a.copy() for a in inputs])
+        for w, g in zip(want, got):  # summation order may differ: float32 rounding only
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def paper_step():
+    layers, full, signature = full_step(MODEL, OPT)
+    scheme = yaml.safe_load((CONF / "sparse" / "mbv2_paper.yaml").read_text())
+    selection = select(scheme, layers)
+    step, signature, _ = sparse_step(full, signature, selection)
+    return optimize(step, dict(signature, scheme="mbv2_paper"), reorder=True), signature, \
+        selection
+
+
+def test_a_step_built_with_the_committed_records_matches_pytorch(tmp_path, paper_step):
+    optimized, signature, selection = paper_step
+    built = compile_step(optimized, HOST, tmp_path, COMMITTED)
+    assert built["kernel_schedules"]["tuned"] > 0  # the records apply to this step
+    (tmp_path / "signature.json").write_text(json.dumps(signature))
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((8, 3, 32, 32)).astype("float32"),
+                rng.integers(0, 10, 8)) for _ in range(2)]
+    chained_steps_match(tmp_path, MODEL, OPT, selection, signature, batches)
+
+
+def test_the_tune_stage_selects_the_same_bytes_twice(tmp_path, paper_step):
+    from stages.tune.__main__ import calls_per_step
+    from pipelines.backends import switch_backends
+
+    mod = switch_backends(paper_step[0], {})
+    kernels = tunable_kernels(mod)
+    assert calls_per_step(mod)  # every kernel the step calls is counted
+    first = select_records(kernels, [COMMITTED], tmp_path / "a")
+    second = select_records(kernels, [COMMITTED], tmp_path / "b")
+    assert first and first == second
+    for name in ("workloads.json", "records.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    # Merging the committed database with itself changes nothing it holds.
+    assert merge_databases([PRETUNED / "host", tmp_path / "a"], tmp_path / "merged") == len(
+        committed_kernels())
+
+
+def test_equal_kernels_under_other_names_share_one_workload():
+    mod = committed_kernels()[0]
+    renamed = mod["main"].with_attr("global_symbol", "conv2d99")
+    assert tvm_ffi.structural_equal(workload(renamed), workload(mod["main"]))
+
+
+def test_the_in_process_builder_builds_and_reports_failures(tmp_path):
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+
+    good = BuilderInput(committed_kernels()[0], TARGET)
+    # A CPU kernel for a GPU: its loops are bound to no thread, which TVM refuses.
+    bad = BuilderInput(committed_kernels()[0], tvm.target.Target({"kind": "cuda"}))
+    ok, failed = InProcessBuilder(tmp_path).build([good, bad])
+    assert ok.error_msg is None and ok.artifact_path == str(tmp_path / "candidate1.tar")
+    assert failed.artifact_path is None and failed.error_msg
+
+
+@pytest.mark.parametrize("tune, message", [
+    ({"trials": -1}, "tune.trials=-1; allowed: a whole number >= 0"),
+    ({"trials": "many"}, "tune.trials='many'"),
+    ({"trials": True}, "tune.trials=True"),
+    ({"trails": 10}, "unknown keys ['tune.trails']; allowed: ['tune.trials']"),
+])
+def test_bad_tune_settings_are_named(tune, message):
+    with pytest.raises(ConfigError, match=r"host\.yaml.*: " + re.escape(message)):
+        load_profile("host", {"host": {"tune": tune}})
+
+
+def test_tuning_needs_a_device_it_can_time():
+    with pytest.raises(ConfigError, match=r"rpi4\.yaml.*: tune\.trials=8 needs candidates timed "
+                                          r"on the device, but runner='emulated'"):
+        load_profile("rpi4", {"rpi4": {"tune": {"trials": 8}}})
+    assert load_profile("rpi4", {})["tune"] == {"trials": 0}
+
+
+def test_a_missing_database_is_empty_and_not_created(tmp_path):
+    database = open_database(tmp_path / "none")
+    assert isinstance(database, ms.database.MemoryDatabase)
+    assert not (tmp_path / "none").exists()
