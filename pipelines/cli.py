@@ -102,13 +102,15 @@ def cmd_build(args) -> int:
 def cmd_pretuned(args) -> int:
     """Merge the tune stage's records for a device into its committed, pre-tuned database."""
     from pipelines.artifacts import ARTIFACTS
+    from pipelines.config import resolved_profile, tvm_target
     from pipelines.tuning import PRETUNED, WORKLOADS, merge_databases
 
     tuned = ARTIFACTS / "tune" / args.device
     if not (tuned / WORKLOADS).exists():
         raise ConfigError(f"{tuned}: no tuning database; run `dvc repro tune@{args.device}` "
                           f"with the profile's tune.trials above 0 first")
-    count = merge_databases([PRETUNED / args.device, tuned], PRETUNED / args.device)
+    count = merge_databases([PRETUNED / args.device, tuned], PRETUNED / args.device,
+                            tvm_target(resolved_profile(args.device)))
     print(f"{PRETUNED / args.device}: {count} kernels with a tuned schedule; commit it")
     return EXIT_OK
 

@@ -16,18 +16,22 @@ from tvm import relax
 
 from pipelines.backends import compile_with_backends
 from pipelines.schedules import with_cpu_schedules
+from pipelines.tuning import apply_database
 
 
 LIBRARY, SIGNATURE = "step.so", "signature.json"
 
 
 def save_step(mod: tvm.IRModule, signature: dict, target, directory: Path,
-              measured_backends: bool = False) -> dict:
+              measured_backends: bool = False, database=None) -> dict:
     """Compile ``mod`` for ``target`` (this machine's CPU) into ``directory`` with its signature
     beside it. Its matrix products are generated code, or, with ``measured_backends``, on
-    whichever backend measures faster here; returns those measurements."""
+    whichever backend measures faster here; returns those measurements. Kernels with a record
+    in ``database`` (pipelines/tuning.py) take its schedule, the others the default one."""
     directory, target = Path(directory), tvm.target.Target(target)
     mod, link, backends = compile_with_backends(mod, target, directory, measured_backends)
+    if database is not None:
+        mod, _ = apply_database(mod, target, database)
     mod, _ = with_cpu_schedules(mod, target)
     tvm.compile(mod, target=target).export_library(str(directory / LIBRARY), **link)
     (directory / SIGNATURE).write_text(json.dumps(signature))

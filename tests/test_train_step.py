@@ -23,6 +23,8 @@ from pipelines.config import CONF
 from pipelines.models import MobileNetV2
 from pipelines.step import CompiledStep, save_step
 from pipelines.torch_ref import make_optimizer, train_step
+from pipelines.backends import switch_backends
+from pipelines.tuning import PRETUNED, apply_database, open_database
 from stages.autodiff.optimizers import from_config
 from stages.autodiff.training import build_train_step
 from stages.importer.layers import describe_layers
@@ -63,7 +65,7 @@ def model_and_program():
     return model, full, signature
 
 
-def compile_scheme(tmp_path, model, full, signature, scheme):
+def compile_scheme(tmp_path, model, full, signature, scheme, database=None):
     selected = select(scheme, describe_layers(model))
     pruned, sig, slicing = sparse_step(full, signature, selected)
     # Conv and linear gradients come from sliced operands, not a whole gradient; only the norm
@@ -72,14 +74,27 @@ def compile_scheme(tmp_path, model, full, signature, scheme):
         "p_features_17_conv_0_1_weight", "p_features_17_conv_0_1_bias"}, slicing
     sig["scheme"] = scheme["name"]
     mod = optimize(pruned, sig, reorder=False)
-    save_step(mod, sig, HOST, tmp_path)
+    save_step(mod, sig, HOST, tmp_path, database=database)
+    if database is not None:  # the records must apply to this step, or nothing is tested
+        assert apply_database(switch_backends(mod, {}), HOST, database)[1]
     return selected
 
 
 @pytest.mark.parametrize("scheme", [*NAMED.values(), CHANNELS], ids=lambda s: s["name"])
 def test_compiled_step_matches_pytorch(tmp_path, model_and_program, scheme):
+    step_matches_pytorch(tmp_path, model_and_program, scheme)
+
+
+def test_step_with_the_committed_tuned_schedules_matches_pytorch(tmp_path, model_and_program):
+    """The host's pre-tuned schedules (device_profiles/tuned/host, MetaSchedule's) in place of
+    the default ones for the kernels they cover."""
+    step_matches_pytorch(tmp_path, model_and_program, MBV2_PAPER,
+                         open_database(PRETUNED / "host"))
+
+
+def step_matches_pytorch(tmp_path, model_and_program, scheme, database=None):
     model, full, signature = model_and_program
-    selected = compile_scheme(tmp_path, model, full, signature, scheme)
+    selected = compile_scheme(tmp_path, model, full, signature, scheme, database)
     state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     initial = {r: state[t] for r, t in signature["torch_names"].items()}
     step = CompiledStep(tmp_path, initial)

@@ -1,8 +1,8 @@
 """Tuned schedules (pipelines/tuning.py, stages/tune): the committed pre-tuned records compute
-what the default schedules compute, a step built with them matches PyTorch, the database the
-tune stage writes is the same bytes for the same inputs, and bad settings are refused. Nothing
-here tunes: the records are the committed ones of device_profiles/tuned/host."""
-import json
+what the default schedules compute, the database the tune stage writes is the same bytes for
+the same inputs, and bad settings are refused. A step built with the records is checked against
+PyTorch in tests/test_train_step.py. Nothing here tunes: the records are the committed ones of
+device_profiles/tuned/host."""
 import re
 
 import numpy as np
@@ -15,12 +15,10 @@ from tvm.s_tir import meta_schedule as ms
 from pipelines.config import CONF, ConfigError, load_profile, tvm_target
 from pipelines.tuning import (PRETUNED, InProcessBuilder, apply_database, merge_databases,
                               open_database, select_records, tunable_kernels, workload)
-from stages.build.toolchain import compile_step
 from stages.optimize.passes import optimize
 from stages.prune.prune import sparse_step
 from stages.prune.scheme import select
 from stages.prune.show import full_step
-from tests.conftest import chained_steps_match
 
 HOST = load_profile("host", {})
 TARGET = tvm_target(HOST)
@@ -74,17 +72,6 @@ def paper_step():
         selection
 
 
-def test_a_step_built_with_the_committed_records_matches_pytorch(tmp_path, paper_step):
-    optimized, signature, selection = paper_step
-    built = compile_step(optimized, HOST, tmp_path, COMMITTED)
-    assert built["kernel_schedules"]["tuned"] > 0  # the records apply to this step
-    (tmp_path / "signature.json").write_text(json.dumps(signature))
-    rng = np.random.default_rng(0)
-    batches = [(rng.standard_normal((8, 3, 32, 32)).astype("float32"),
-                rng.integers(0, 10, 8)) for _ in range(2)]
-    chained_steps_match(tmp_path, MODEL, OPT, selection, signature, batches)
-
-
 def test_the_tune_stage_selects_the_same_bytes_twice(tmp_path, paper_step):
     from stages.tune.__main__ import calls_per_step
     from pipelines.backends import switch_backends
@@ -98,8 +85,8 @@ def test_the_tune_stage_selects_the_same_bytes_twice(tmp_path, paper_step):
     for name in ("workloads.json", "records.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     # Merging the committed database with itself changes nothing it holds.
-    assert merge_databases([PRETUNED / "host", tmp_path / "a"], tmp_path / "merged") == len(
-        committed_kernels())
+    assert merge_databases([PRETUNED / "host", tmp_path / "a"], tmp_path / "merged",
+                           TARGET) == len(committed_kernels())
 
 
 def test_equal_kernels_under_other_names_share_one_workload():
@@ -112,11 +99,12 @@ def test_the_in_process_builder_builds_and_reports_failures(tmp_path):
     from tvm.s_tir.meta_schedule.builder import BuilderInput
 
     good = BuilderInput(committed_kernels()[0], TARGET)
-    # A CPU kernel for a GPU: its loops are bound to no thread, which TVM refuses.
-    bad = BuilderInput(committed_kernels()[0], tvm.target.Target({"kind": "cuda"}))
+    # A CPU triple LLVM does not know: the candidate fails, the batch goes on.
+    bad = BuilderInput(committed_kernels()[0], tvm.target.Target(
+        {"kind": "llvm", "mtriple": "nonsense-unknown-none"}))
     ok, failed = InProcessBuilder(tmp_path).build([good, bad])
     assert ok.error_msg is None and ok.artifact_path == str(tmp_path / "candidate1.tar")
-    assert failed.artifact_path is None and failed.error_msg
+    assert failed.artifact_path is None and "nonsense-unknown-none" in failed.error_msg
 
 
 @pytest.mark.parametrize("tune, message", [

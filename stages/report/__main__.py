@@ -236,8 +236,10 @@ def device_table(devices: list[str]) -> list[str]:
         target = built["profile"]["target"]
         kind = target["kind"] + (f" {target['mcpu']}" if "mcpu" in target else "") + (
             f" {target['arch']}" if "arch" in target else "")
+        tuned = built.get("kernel_schedules", {}).get("tuned")
         what = (f"yes: {built['library']}, {_mib(built['library_bytes'])}"
-                + (" (objects the device links)" if built["links_on_device"] else ""))
+                + (" (objects the device links)" if built["links_on_device"] else "")
+                + (f"; {tuned} kernels tuned (tune@{device})" if tuned else ""))
         if not bench["ran"]:
             ran, matches, latency = "not run (runner none)", "", ""
         elif bench["runner"] == "local":

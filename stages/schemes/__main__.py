@@ -27,6 +27,7 @@ from pipelines.models import build_model
 from pipelines.progress import progress
 from pipelines.step import CompiledStep, load_initial, save_step
 from pipelines.torch_ref import accuracy, batches
+from pipelines.tuning import open_database
 from stages.benchmark.__main__ import case_spec, run_isolated
 from stages.optimize.passes import optimize
 from stages.prune.__main__ import prune_scheme
@@ -68,13 +69,15 @@ def main() -> None:
     reorder = bool(require(params, "optimize.reorder_updates"))
     recomputed = require(params, "optimize.recompute") == "always"
     rows, spec = {}, case_spec(params, profile, {})
+    tuned_host = open_database(ARTIFACTS / "tune" / "host")  # as the host build applies it
     scratch = Path(tempfile.mkdtemp(prefix="pock-schemes-"))
     try:
         for scheme in progress(schemes, "schemes"):
             step, sig, summary = prune_scheme(scheme, layers, full, signature)
             directory = scratch / scheme["name"]
             directory.mkdir()
-            save_step(optimize(step, sig, reorder, recomputed), sig, tvm_target(profile), directory)
+            save_step(optimize(step, sig, reorder, recomputed), sig, tvm_target(profile), directory,
+                      database=tuned_host)
             timing = run_isolated("compiled", dict(spec, build_dir=str(directory)))
             tuned = finetune(directory, params)
             pruned, whole = summary["pruned"], summary["full"]

@@ -31,8 +31,8 @@ from pipelines.config import (check_memory_budget, load_params, resolved_profile
                               tvm_target)
 from pipelines.ir import load_ir
 from pipelines.backends import MARGIN
-from pipelines.tuning import (PRETUNED, best_record, kernel_us, open_database, select_records,
-                              tunable_kernels, tune)
+from pipelines.tuning import (PRETUNED, best_record, computes_the_same, kernel_us,
+                              open_database, select_records, tunable_kernels, tune)
 
 OPTIMIZE = ARTIFACTS / "optimize"
 TUNE_SHARE = 0.9  # of the step's kernel time (default schedules) that is tuned
@@ -97,13 +97,15 @@ def main(device: str) -> None:
                   f"(logs: {work}/logs)", flush=True)
             tuned = tune(chosen, calls, target, trials, Path(work), [committed],
                          load_params()["seed"], profile["cores"], f"tune@{device}")
-            # A tuned schedule is kept only where it measures faster than the default one.
+            # A tuned schedule is kept only where it computes what the default one computes
+            # and measures faster.
             rows, keep = {}, {}
             for name, us in cost.items():
                 row = {"calls": calls.get(name, 1), "default_us": round(us / calls.get(name, 1), 3)}
                 if name in chosen and best_record([tuned], kernels[name]) is not None:
                     row["tuned_us"] = round(kernel_us(kernels[name], target, tuned), 3)
-                    if row["tuned_us"] * MARGIN < row["default_us"]:
+                    row["same_results"] = computes_the_same(kernels[name], target, tuned)
+                    if row["same_results"] and row["tuned_us"] * MARGIN < row["default_us"]:
                         keep[name] = kernels[name]
                 row["schedule"] = "tuned" if name in keep else "default"
                 rows[name] = row
