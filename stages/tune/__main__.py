@@ -126,7 +126,8 @@ def main(device: str) -> None:
         write_manifest(tmp, f"tune@{device}", inputs, {"profile": profile, "trials": trials})
     print(f"tune@{device}: {len(found)} of {len(kernels)} kernels have a tuned schedule"
           + (f"; {trials} trials in {metrics['tuning_seconds']:.0f} s" if trials and kernels
-             else f" (from {pretuned}; tune.trials is 0)"))
+             else f" (tune.trials is 0: the records committed in {pretuned})" if pretuned.exists()
+             else f" (tune.trials is 0 and {pretuned} holds no records)"))
 
 
 if __name__ == "__main__":
