@@ -3,15 +3,16 @@
 Usage: python -m stages.tune <device>
 Outputs (artifacts/tune/<device>/): workloads.json and records.json, a MetaSchedule JSON
 database with the best schedule of each kernel that has one (the build applies it:
-pipelines/tuning.py); metrics.json (kernels, how many have a tuned schedule, trials run, seconds
-and trials per second); manifest.json.
+pipelines/tuning.py); metrics.json (kernels, how many have a tuned schedule; after tuning, per
+kernel its default and tuned times and whether the tuned one computes the same, and trials per
+second); manifest.json.
 
 The profile's ``tune.trials`` decides how much tuning happens here:
 - 0 (every shipped profile): none; the committed records in device_profiles/tuned/<device>/
   that this step's kernels match are taken as they are. `dvc repro` stays minutes, not hours.
 - N > 0: N more trials of MetaSchedule, measured on this machine, starting from those committed
   records, so tuning only ever improves on them; e.g.
-  `pock compose profiles.host.tune.trials=2000 && dvc repro tune@host`. `pock pretuned host`
+  `pock compose +profiles.host.tune.trials=2000 && dvc repro tune@host`. `pock pretuned host`
   then merges the results into the committed database.
 """
 from __future__ import annotations
@@ -26,11 +27,10 @@ from pathlib import Path
 from tvm import relax
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.backends import switch_backends
+from pipelines.backends import MARGIN, switch_backends
 from pipelines.config import (check_memory_budget, load_params, resolved_profile, run_stage,
                               tvm_target)
 from pipelines.ir import load_ir
-from pipelines.backends import MARGIN
 from pipelines.tuning import (PRETUNED, best_record, computes_the_same, kernel_us,
                               open_database, select_records, tunable_kernels, tune)
 
@@ -97,21 +97,22 @@ def main(device: str) -> None:
                   f"(logs: {work}/logs)", flush=True)
             tuned = tune(chosen, calls, target, trials, Path(work), [committed],
                          load_params()["seed"], profile["cores"], f"tune@{device}")
-            # A tuned schedule is kept only where it computes what the default one computes
-            # and measures faster.
+            # A tuned schedule (this run's, or for a kernel left out of it the committed one)
+            # is kept only where it computes what the default one computes and measures faster.
             rows, keep = {}, {}
             for name, us in cost.items():
                 row = {"calls": calls.get(name, 1), "default_us": round(us / calls.get(name, 1), 3)}
-                if name in chosen and best_record([tuned], kernels[name]) is not None:
-                    row["tuned_us"] = round(kernel_us(kernels[name], target, tuned), 3)
-                    row["same_results"] = computes_the_same(kernels[name], target, tuned)
+                source = tuned if name in chosen else committed
+                if best_record([source], kernels[name]) is not None:
+                    row["tuned_us"] = round(kernel_us(kernels[name], target, source), 3)
+                    row["same_results"] = computes_the_same(kernels[name], target, source)
                     if row["same_results"] and row["tuned_us"] * MARGIN < row["default_us"]:
                         keep[name] = kernels[name]
                 row["schedule"] = "tuned" if name in keep else "default"
                 rows[name] = row
             sources = [tuned, committed]
-            per_step = {name: row["calls"] * row.get("tuned_us" if name in keep else
-                                                     "default_us") for name, row in rows.items()}
+            per_step = {name: row["calls"] * (row["tuned_us"] if name in keep else
+                                              row["default_us"]) for name, row in rows.items()}
             metrics.update(
                 tuned_trials_kernels=len(chosen), tuning_seconds=round(time.monotonic() - start, 1),
                 kernel_ms_per_step={"default": round(total / 1e3, 3),
