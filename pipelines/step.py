@@ -15,8 +15,7 @@ import tvm
 from tvm import relax
 
 from pipelines.backends import compile_with_backends
-from pipelines.schedules import with_cpu_schedules
-from pipelines.tuning import apply_database
+from pipelines.tuning import schedule_cpu
 
 
 LIBRARY, SIGNATURE = "step.so", "signature.json"
@@ -30,9 +29,7 @@ def save_step(mod: tvm.IRModule, signature: dict, target, directory: Path,
     in ``database`` (pipelines/tuning.py) take its schedule, the others the default one."""
     directory, target = Path(directory), tvm.target.Target(target)
     mod, link, backends = compile_with_backends(mod, target, directory, measured_backends)
-    if database is not None:
-        mod, _ = apply_database(mod, target, database)
-    mod, _ = with_cpu_schedules(mod, target)
+    mod, _ = schedule_cpu(mod, target, database)
     tvm.compile(mod, target=target).export_library(str(directory / LIBRARY), **link)
     (directory / SIGNATURE).write_text(json.dumps(signature))
     return backends

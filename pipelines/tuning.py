@@ -18,9 +18,11 @@ process (/tmp experiment, recorded in the issue note); the candidates are still 
 """
 from __future__ import annotations
 
+import gzip
 import logging
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -63,10 +65,27 @@ def workload(func: tirx.PrimFunc) -> tvm.IRModule:
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
+def copy_record(record, database) -> None:
+    """Commit ``record`` (from another database) to ``database``, with its workload."""
+    database.commit_tuning_record(ms.database.TuningRecord(
+        record.trace, database.commit_workload(record.workload.mod), record.run_secs,
+        record.target, record.args_info))
+
+
 def open_database(directory: Path, create: bool = False):
     """The JSON database in ``directory``; where there is none, an empty one in memory, or
-    with ``create`` a new one there."""
+    with ``create`` a new one there. A committed database (``merge_databases``) is gzipped
+    JSON, read into memory."""
     directory = Path(directory)
+    if (directory / (WORKLOADS + ".gz")).exists():
+        with tempfile.TemporaryDirectory(prefix="pock-tuned-") as plain:
+            for name in (WORKLOADS, RECORDS):
+                (Path(plain) / name).write_bytes(
+                    gzip.decompress((directory / (name + ".gz")).read_bytes()))
+            database = ms.database.MemoryDatabase()
+            for record in open_database(Path(plain)).get_all_tuning_records():
+                copy_record(record, database)
+            return database
     if not (directory / WORKLOADS).exists():
         if not create:
             return ms.database.MemoryDatabase()
@@ -110,16 +129,15 @@ def select_records(kernels: dict[str, tirx.PrimFunc], databases: list,
         if key in committed:  # an equal kernel under another name: one record serves both
             continue
         committed.add(key)
-        out.commit_tuning_record(ms.database.TuningRecord(
-            record.trace, out.commit_workload(workload(func)), record.run_secs,
-            record.target, record.args_info))
+        copy_record(record, out)
     return found
 
 
 def merge_databases(directories: list[Path], destination: Path, target) -> int:
     """Write to ``destination`` (atomically) a database with the fastest record of every
     kernel any of ``directories`` holds that computes what the default schedule computes, in
-    a fixed order; returns how many kernels."""
+    a fixed order, gzipped (the committed form: its workloads are 6 MB of JSON); returns how
+    many kernels."""
     from pipelines.artifacts import write_text_atomic
 
     best = {}
@@ -129,21 +147,18 @@ def merge_databases(directories: list[Path], destination: Path, target) -> int:
             if key in best and mean_secs(record) >= mean_secs(best[key]):
                 continue
             alone = ms.database.MemoryDatabase()
-            alone.commit_tuning_record(ms.database.TuningRecord(
-                record.trace, alone.commit_workload(record.workload.mod), record.run_secs,
-                record.target, record.args_info))
+            copy_record(record, alone)
             if computes_the_same(record.workload.mod["main"], target, alone):
                 best[key] = record
     with tempfile.TemporaryDirectory(prefix="pock-tuned-") as tmp:
         out = open_database(Path(tmp), create=True)
         for key in sorted(best):
-            record = best[key]
-            out.commit_tuning_record(ms.database.TuningRecord(
-                record.trace, out.commit_workload(record.workload.mod), record.run_secs,
-                record.target, record.args_info))
+            copy_record(best[key], out)
         Path(destination).mkdir(parents=True, exist_ok=True)
         for name in (WORKLOADS, RECORDS):
-            write_text_atomic(Path(destination) / name, (Path(tmp) / name).read_bytes())
+            write_text_atomic(Path(destination) / (name + ".gz"),
+                              gzip.compress((Path(tmp) / name).read_bytes(), mtime=0))
+            (Path(destination) / name).unlink(missing_ok=True)  # an older, plain form
     return len(best)
 
 
@@ -155,22 +170,28 @@ def apply_database(mod: tvm.IRModule, target, database) -> tuple[tvm.IRModule, l
         schedule = database.query_schedule(workload(func), target=target, workload_name="main")
         if schedule is None:
             continue
-        scheduled = schedule.mod["main"].with_attr("global_symbol", func.attrs["global_symbol"]) \
-            if func.attrs and "global_symbol" in func.attrs else \
-            schedule.mod["main"].without_attr("global_symbol")
+        scheduled = schedule.mod["main"].without_attr("global_symbol")  # the kernel's own name:
+        if func.attrs and "global_symbol" in func.attrs:
+            scheduled = scheduled.with_attr("global_symbol", func.attrs["global_symbol"])
         out[out.get_global_var(name)] = scheduled.with_attr("tirx.is_scheduled", True)
         tuned.append(name)
     return out, tuned
 
 
+def schedule_cpu(mod: tvm.IRModule, target, database=None) -> tuple[tvm.IRModule, Counter]:
+    """``mod`` as a CPU build schedules it: kernels with a record in ``database`` take their
+    tuned schedule, the rest the default one; with how many kernels each way went."""
+    tuned = []
+    if database is not None and target.kind.name == "llvm":
+        mod, tuned = apply_database(mod, target, database)
+    mod, taken = with_cpu_schedules(mod, target)
+    return mod, taken + Counter(tuned=len(tuned))
+
+
 def kernel_us(func: tirx.PrimFunc, target, database=None) -> float:
     """Median microseconds of one call of ``func`` on this machine, scheduled as the build
     would: by ``database`` where it has a record, else by the default schedules."""
-    mod = workload(func)
-    if database is not None:
-        mod, _ = apply_database(mod, target, database)
-    mod, _ = with_cpu_schedules(mod, target)
-    kernel = tvm.compile(mod, target=target)["main"]
+    kernel = tvm.compile(schedule_cpu(workload(func), target, database)[0], target=target)["main"]
     args = [tvm.runtime.tensor(np.zeros([int(d) for d in p.shape], str(p.dtype)))
             for p in func.params]
     # Enough calls per sample that one sample lasts about a millisecond.
@@ -188,9 +209,9 @@ def computes_the_same(func: tirx.PrimFunc, target, database) -> bool:
     inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype))
               if "float" in str(p.dtype) else np.zeros([int(d) for d in p.shape], str(p.dtype))
               for p in func.params]
-    default, _ = with_cpu_schedules(workload(func), target)
-    tuned, names = apply_database(workload(func), target, database)
-    if not names:
+    default, _ = schedule_cpu(workload(func), target)
+    tuned, taken = schedule_cpu(workload(func), target, database)
+    if not taken["tuned"]:
         return False
     outputs = []
     for mod in (default, tuned):
@@ -271,9 +292,7 @@ def tune(kernels: dict[str, tirx.PrimFunc], weights: dict[str, int], target, tri
     for name in names:
         record = best_record(start, kernels[name])
         if record is not None:
-            database.commit_tuning_record(ms.database.TuningRecord(
-                record.trace, database.commit_workload(workload(kernels[name])),
-                record.run_secs, record.target, record.args_info))
+            copy_record(record, database)
     loggers = ms.logging.get_loggers_from_work_dir(str(work_dir), names)
     seeds = ms.utils.fork_seed(seed, n=len(names))
     tasks = [ms.TuneContext(mod=workload(kernels[name]), target=target,

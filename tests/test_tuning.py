@@ -5,7 +5,6 @@ PyTorch in tests/test_train_step.py. Nothing here tunes: the records are the com
 device_profiles/tuned/host."""
 import re
 
-import numpy as np
 import pytest
 import tvm
 import tvm_ffi
@@ -13,7 +12,7 @@ import yaml
 from tvm.s_tir import meta_schedule as ms
 
 from pipelines.config import CONF, ConfigError, load_profile, tvm_target
-from pipelines.tuning import (PRETUNED, InProcessBuilder, apply_database, merge_databases,
+from pipelines.tuning import (PRETUNED, InProcessBuilder, computes_the_same, merge_databases,
                               open_database, select_records, tunable_kernels, workload)
 from stages.optimize.passes import optimize
 from stages.prune.prune import sparse_step
@@ -33,33 +32,15 @@ def committed_kernels() -> list:
     return [record.workload.mod for record in COMMITTED.get_all_tuning_records()]
 
 
-def run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    kernel = tvm.compile(mod, target=TARGET)["main"]
-    args = [tvm.runtime.tensor(a) for a in inputs]
-    kernel(*args)
-    return [a.numpy() for a in args]
-
-
 def test_a_pretuned_database_is_committed_for_the_host():
     assert len(committed_kernels()) > 0
 
 
 def test_committed_records_compute_what_the_default_schedules_compute():
-    from pipelines.schedules import with_cpu_schedules
-
-    rng = np.random.default_rng(0)
+    # Seeded random inputs, float32 rounding apart (rtol 1e-4, atol 1e-5): the check that
+    # dropped a wrong MetaSchedule schedule when the database was committed.
     for mod in committed_kernels():
-        func = mod["main"]
-        inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype))
-                  if "float" in str(p.dtype) else np.zeros([int(d) for d in p.shape],
-                                                            str(p.dtype))
-                  for p in func.params]
-        tuned, names = apply_database(mod, TARGET, COMMITTED)
-        assert names == ["main"]
-        default, _ = with_cpu_schedules(mod, TARGET)
-        want, got = run(default, [a.copy() for a in inputs]), run(tuned, [a.copy() for a in inputs])
-        for w, g in zip(want, got):  # summation order may differ: float32 rounding only
-            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+        assert computes_the_same(mod["main"], TARGET, COMMITTED), mod["main"].script()[:400]
 
 
 @pytest.fixture(scope="module")

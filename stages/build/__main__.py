@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.config import ConfigError, check_memory_budget, resolved_profile, run_stage
@@ -30,11 +31,18 @@ SIGNATURE = ARTIFACTS / "prune" / "signature.json"
 TUNE = ARTIFACTS / "tune"  # the tune stage's database per device
 
 
-def build(device: str) -> None:
-    profile = resolved_profile(device)
+def step_to_build(profile: dict) -> tuple[dict, bool, Path]:
+    """The optimize stage's plan, whether the device takes the recomputing twin (its budget
+    fits only that one), and the step's file."""
     plan = json.loads((OPTIMIZE / "plan.json").read_text())
     recompute = check_memory_budget(plan, profile)
-    optimized = OPTIMIZE / ("train_step_recompute.json" if recompute else "train_step.json")
+    return plan, recompute, OPTIMIZE / ("train_step_recompute.json" if recompute
+                                        else "train_step.json")
+
+
+def build(device: str) -> None:
+    profile = resolved_profile(device)
+    plan, recompute, optimized = step_to_build(profile)
     if not (TUNE / device).is_dir():
         raise ConfigError(f"{TUNE / device}: not found; run `dvc repro tune@{device}` first")
     with atomic_dir(ARTIFACTS / "build" / device) as tmp:

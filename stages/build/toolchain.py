@@ -20,8 +20,7 @@ import tvm
 
 from pipelines.backends import compile_with_backends
 from pipelines.config import PROFILES, ConfigError, tvm_target
-from pipelines.schedules import with_cpu_schedules
-from pipelines.tuning import apply_database
+from pipelines.tuning import schedule_cpu
 from stages.build.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
 from stages.build.gpu import GPU_KINDS, gpu_pipeline
 
@@ -70,11 +69,7 @@ def compile_step(mod: tvm.IRModule, profile: dict, directory: Path, database=Non
         backends = {"measured": measured, "kernels": rows} if measured else {
             "measured": False, "reason": f"runner {profile['runner']}: the build cannot time "
                                          f"kernels on the device; every product generated"}
-        if database is not None:
-            mod, tuned = apply_database(mod, target, database)
-            kernels["tuned"] = len(tuned)
-        mod, scheduled = with_cpu_schedules(mod, target)
-        kernels, pipeline = kernels + scheduled, "default"
+        (mod, kernels), pipeline = schedule_cpu(mod, target, database), "default"
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
     library = Path(directory) / LIBRARY[toolchain["output"]]
     if toolchain["output"] == "archive":

@@ -17,7 +17,6 @@ The profile's ``tune.trials`` decides how much tuning happens here:
 """
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -28,13 +27,12 @@ from tvm import relax
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.backends import MARGIN, switch_backends
-from pipelines.config import (check_memory_budget, load_params, resolved_profile, run_stage,
-                              tvm_target)
+from pipelines.config import load_params, resolved_profile, run_stage, tvm_target
 from pipelines.ir import load_ir
+from stages.build.__main__ import step_to_build
 from pipelines.tuning import (PRETUNED, best_record, computes_the_same, kernel_us,
                               open_database, select_records, tunable_kernels, tune)
 
-OPTIMIZE = ARTIFACTS / "optimize"
 TUNE_SHARE = 0.9  # of the step's kernel time (default schedules) that is tuned
 
 
@@ -53,10 +51,9 @@ def step_kernels(profile: dict):
     """The kernels the device's build will schedule: those of the step it builds (the
     recomputing twin where the plain one is over budget), every matrix product generated
     (the build may still put a product on OpenBLAS)."""
-    plan = json.loads((OPTIMIZE / "plan.json").read_text())
-    name = "train_step_recompute.json" if check_memory_budget(plan, profile) else "train_step.json"
-    mod = switch_backends(load_ir(OPTIMIZE / name), {})
-    return tunable_kernels(mod), calls_per_step(mod), OPTIMIZE / name
+    _, _, path = step_to_build(profile)
+    mod = switch_backends(load_ir(path), {})
+    return tunable_kernels(mod), calls_per_step(mod), path
 
 
 def by_cost(kernels: dict, calls: Counter, target) -> dict[str, float]:
