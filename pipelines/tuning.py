@@ -242,7 +242,11 @@ class InProcessBuilder(PyBuilder):
                 mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(given.mod)
                 library = tvm.compile(mod, target=given.target)
                 self.built += 1
-                path = str(self.directory / f"candidate{self.built}.{tar.output_format}")
+                # A directory per candidate: once it is timed, MetaSchedule deletes the
+                # directory its file is in (as it does LocalBuilder's temporary ones).
+                directory = self.directory / f"candidate{self.built}"
+                directory.mkdir(parents=True)
+                path = str(directory / f"step.{tar.output_format}")
                 library.export_library(path, fcompile=tar)
                 results.append(BuilderResult(path, None))
             except Exception as error:  # a candidate that does not build is reported, not fatal

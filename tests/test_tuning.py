@@ -4,6 +4,7 @@ the same inputs, and bad settings are refused. A step built with the records is 
 PyTorch in tests/test_train_step.py. Nothing here tunes: the records are the committed ones of
 device_profiles/tuned/host."""
 import re
+from pathlib import Path
 
 import pytest
 import tvm
@@ -78,14 +79,21 @@ def test_equal_kernels_under_other_names_share_one_workload():
 
 def test_the_in_process_builder_builds_and_reports_failures(tmp_path):
     from tvm.s_tir.meta_schedule.builder import BuilderInput
+    from tvm.s_tir.meta_schedule.utils import remove_build_dir
 
     good = BuilderInput(committed_kernels()[0], TARGET)
     # A CPU triple LLVM does not know: the candidate fails, the batch goes on.
     bad = BuilderInput(committed_kernels()[0], tvm.target.Target(
         {"kind": "llvm", "mtriple": "nonsense-unknown-none"}))
-    ok, failed = InProcessBuilder(tmp_path).build([good, bad])
-    assert ok.error_msg is None and ok.artifact_path == str(tmp_path / "candidate1.tar")
+    builder = InProcessBuilder(tmp_path)
+    ok, failed = builder.build([good, bad])
+    assert ok.error_msg is None and ok.artifact_path == str(tmp_path / "candidate1" / "step.tar")
     assert failed.artifact_path is None and "nonsense-unknown-none" in failed.error_msg
+    # Once a candidate is timed, MetaSchedule deletes the directory its file is in: the next
+    # batch must still build (with one shared directory, every later candidate failed).
+    remove_build_dir(ok.artifact_path)
+    again, = builder.build([good])
+    assert again.error_msg is None and Path(again.artifact_path).exists()
 
 
 @pytest.mark.parametrize("tune, message", [
