@@ -7,6 +7,7 @@ Benchmark, fine-tuning and the tests call the compiled step through this one cla
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -22,17 +23,18 @@ LIBRARY, SIGNATURE = "step.so", "signature.json"
 
 
 def save_step(mod: tvm.IRModule, signature: dict, target, directory: Path,
-              measured_backends: bool = False, database=None) -> dict:
+              measured_backends: bool = False, database=None) -> tuple[dict, Counter]:
     """Compile ``mod`` for ``target`` (this machine's CPU) into ``directory`` with its signature
     beside it. Its matrix products are generated code, or, with ``measured_backends``, on
-    whichever backend measures faster here; returns those measurements. Kernels with a record
-    in ``database`` (pipelines/tuning.py) take its schedule, the others the default one."""
+    whichever backend measures faster here. Kernels with a record in ``database``
+    (pipelines/tuning.py) take its schedule, the others the default one. Returns the backend
+    measurements and how many kernels each schedule took (``tuned``, the default ones)."""
     directory, target = Path(directory), tvm.target.Target(target)
     mod, link, backends = compile_with_backends(mod, target, directory, measured_backends)
-    mod, _ = schedule_cpu(mod, target, database)
+    mod, schedules = schedule_cpu(mod, target, database)
     tvm.compile(mod, target=target).export_library(str(directory / LIBRARY), **link)
     (directory / SIGNATURE).write_text(json.dumps(signature))
-    return backends
+    return backends, schedules
 
 
 class CompiledStep:

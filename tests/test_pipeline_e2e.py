@@ -69,11 +69,12 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     assert {"data", "pretrain", "import", "lower", "autodiff", "sparse_prune", "optimize",
             "profiles", "tune@host", "build@host", "benchmark@host", "tune@android_sd8g2",
             "build@android_sd8g2",
-            "benchmark@android_sd8g2", "finetune", "scheme_search", "schemes", "workloads",
-            "text_task", "report"} <= ran_stages(first)
+            "benchmark@android_sd8g2", "finetune", "scheme_search", "schemes", "tune_workloads",
+            "workloads", "text_task", "report"} <= ran_stages(first)
     for path in ["import/model.pt2", "import/model.onnx", "lower/model.relax.py",
                  "autodiff/train_step.relax.py", "prune/train_step.relax.py", "prune/report.json",
-                 "optimize/plan.json", "tune/host/records.json", "build/host/step.so", "build/host/manifest.json",
+                 "optimize/plan.json", "tune/host/records.json", "tune_workloads/records.json",
+                 "build/host/step.so", "build/host/manifest.json",
                  "profiles/android_sd8g2.json", "build/android_sd8g2/step.tar",
                  "benchmark/host.json", "finetune/metrics.json", "finetune/loss.json",
                  "search/scheme.yaml", "search/contributions.json", "schemes/metrics.json",
@@ -97,7 +98,7 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
 
     # Byte-identical IR and tuning database: forced reruns of those stages write outputs with
     # the same hashes, so nothing downstream of them becomes stale.
-    ir_stages = ["lower", "autodiff", "sparse_prune", "optimize", "tune@host"]
+    ir_stages = ["lower", "autodiff", "sparse_prune", "optimize", "tune@host", "tune_workloads"]
     forced = run(["dvc", "repro", "--force", "--single-item", *ir_stages], repo)
     assert ran_stages(forced) == set(ir_stages)
     assert "up to date" in run(["dvc", "status"], repo)

@@ -1,19 +1,23 @@
-"""tune@device: tuned schedules for the training step's kernels on one device.
+"""tune@device and tune_workloads: tuned schedules for the training steps' kernels.
 
-Usage: python -m stages.tune <device>
-Outputs (artifacts/tune/<device>/): workloads.json and records.json, a MetaSchedule JSON
-database with the best schedule of each kernel that has one (the build applies it:
-pipelines/tuning.py); metrics.json (kernels, how many have a tuned schedule; after tuning, per
-kernel its default and tuned times and whether the tuned one computes the same, and trials per
-second); manifest.json.
+Usage: python -m stages.tune <device>      the device's step (the one build@<device> builds)
+       python -m stages.tune --workloads   the workloads stage's steps (workloads.models, every
+                                           scheme; built on the host profile)
+Outputs (artifacts/tune/<device>/, artifacts/tune_workloads/): workloads.json and records.json,
+a MetaSchedule JSON database with the best schedule of each kernel that has one (the build
+applies it: pipelines/tuning.py); metrics.json (kernels, how many have a tuned schedule; after
+tuning, per kernel its default and tuned times and whether the tuned one computes the same, and
+trials per second); manifest.json.
 
-The profile's ``tune.trials`` decides how much tuning happens here:
+The profile's ``tune.trials`` (the host's for the workloads) decides how much tuning happens:
 - 0 (every shipped profile): none; the committed records in device_profiles/tuned/<device>/
-  that this step's kernels match are taken as they are. `dvc repro` stays minutes, not hours.
+  that the steps' kernels match are taken as they are. `dvc repro` stays minutes, not hours.
 - N > 0: N more trials of MetaSchedule, measured on this machine, starting from those committed
   records, so tuning only ever improves on them; e.g.
-  `pock compose +profiles.host.tune.trials=2000 && dvc repro tune@host`. `pock pretuned host`
-  then merges the results into the committed database.
+  `pock compose +profiles.host.tune.trials=2000 && dvc repro tune@host tune_workloads`.
+  Only kernels the build will generate are tuned: a matrix product the backend measurement
+  puts on OpenBLAS is not. `pock pretuned host` then merges the results into the committed
+  database.
 """
 from __future__ import annotations
 
@@ -23,11 +27,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import tvm
 from tvm import relax
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
-from pipelines.backends import MARGIN, switch_backends
-from pipelines.config import load_params, resolved_profile, run_stage, tvm_target
+from pipelines.backends import MARGIN, measure, switch_backends
+from pipelines.config import (load_conf_entry, load_params, require, resolved_profile,
+                              run_stage, tvm_target)
 from pipelines.ir import load_ir
 from stages.build.__main__ import step_to_build
 from pipelines.tuning import (PRETUNED, best_record, computes_the_same, kernel_us,
@@ -47,13 +53,41 @@ def calls_per_step(mod) -> Counter:
     return calls
 
 
-def step_kernels(profile: dict):
-    """The kernels the device's build will schedule: those of the step it builds (the
-    recomputing twin where the plain one is over budget), every matrix product generated
-    (the build may still put a product on OpenBLAS)."""
+def device_steps(profile: dict) -> tuple[dict[str, tvm.IRModule], dict]:
+    """The step the device's build will compile (the recomputing twin where the plain one is
+    over budget), by name, and the files it comes from."""
     _, _, path = step_to_build(profile)
-    mod = switch_backends(load_ir(path), {})
-    return tunable_kernels(mod), calls_per_step(mod), path
+    return {"": load_ir(path)}, {"step": path}
+
+
+def workload_steps(params: dict) -> tuple[dict[str, tvm.IRModule], dict]:
+    """The workloads stage's steps (stages/workloads: every model and scheme of
+    workloads.models, optimized as that stage does), by "<model>.<scheme>"."""
+    from stages.optimize.passes import optimize
+    from stages.prune.show import scheme_step
+    from stages.workloads.__main__ import load_model
+
+    optimizer, seed, steps = require(params, "optimizer"), int(params["seed"]), {}
+    for name, schemes in require(params, "workloads.models").items():
+        model, full_steps = load_model(name), {}
+        for scheme_name in schemes:
+            scheme = load_conf_entry("sparse", scheme_name, f"workloads.models.{name}")
+            step, signature, _ = scheme_step(model, optimizer, scheme, seed, full_steps)
+            steps[f"{name}.{scheme_name}"] = optimize(step, signature, reorder=True)
+    return steps, {"models": Path("conf/model"), "schemes": Path("conf/sparse")}
+
+
+def step_kernels(steps: dict[str, tvm.IRModule], backends) -> tuple[dict, Counter]:
+    """The kernels a CPU build of ``steps`` schedules, named "<step>.<kernel>" where there
+    are several steps, and how many times a step calls each. ``backends(mod)`` says which
+    matrix products go on OpenBLAS (kernel -> "openblas"); the others stay generated."""
+    kernels, calls = {}, Counter()
+    for prefix, mod in steps.items():
+        mod = switch_backends(mod, backends(mod))
+        prefix = f"{prefix}." if prefix else ""
+        kernels.update({prefix + name: func for name, func in tunable_kernels(mod).items()})
+        calls.update({prefix + name: count for name, count in calls_per_step(mod).items()})
+    return kernels, calls
 
 
 def by_cost(kernels: dict, calls: Counter, target) -> dict[str, float]:
@@ -63,12 +97,17 @@ def by_cost(kernels: dict, calls: Counter, target) -> dict[str, float]:
     return dict(sorted(cost.items(), key=lambda item: -item[1]))
 
 
-def main(device: str) -> None:
-    profile = resolved_profile(device)
-    trials = profile["tune"]["trials"]
-    target = tvm_target(profile)
-    out, pretuned = ARTIFACTS / "tune" / device, PRETUNED / device
-    kernels, calls, step = step_kernels(profile)
+def main(device: str | None) -> None:
+    """Tune ``device``'s step, or with None the workloads' steps on the host profile."""
+    params = load_params()
+    profile = resolved_profile(device or "host")
+    trials, target = profile["tune"]["trials"], tvm_target(profile)
+    label = f"tune@{device}" if device else "tune_workloads"
+    out = ARTIFACTS / "tune" / device if device else ARTIFACTS / "tune_workloads"
+    pretuned = PRETUNED / profile["name"]
+    steps, inputs = device_steps(profile) if device else workload_steps(params)
+    # Every product generated: the records a build may use whichever backend it measures.
+    kernels, _ = step_kernels(steps, lambda mod: {})
     if target.kind.name != "llvm":  # GPU kernels take the GPU rules (stages/build/gpu.py)
         kernels = {}
     committed = open_database(pretuned)
@@ -79,32 +118,36 @@ def main(device: str) -> None:
         sources = [committed]
         if trials and kernels:
             start = time.monotonic()
-            print(f"tune@{device}: timing {len(kernels)} kernels with the default schedules",
+            # What the build will generate: the products OpenBLAS measures faster on are not
+            # worth a trial.
+            generated, calls = step_kernels(steps, lambda mod: {
+                name: row["backend"] for name, row in measure(mod, target).items()})
+            print(f"{label}: timing {len(generated)} kernels with the default schedules",
                   flush=True)
-            cost = by_cost(kernels, calls, target)
+            cost = by_cost(generated, calls, target)
             # The costliest kernels that together take TUNE_SHARE of the kernel time: the
             # rest are too cheap to repay a round of trials each.
             total, covered, chosen = sum(cost.values()), 0.0, {}
             for name, us in cost.items():
                 if covered >= TUNE_SHARE * total:
                     break
-                chosen[name], covered = kernels[name], covered + us
-            print(f"tune@{device}: {trials} trials over the {len(chosen)} kernels that take "
+                chosen[name], covered = generated[name], covered + us
+            print(f"{label}: {trials} trials over the {len(chosen)} kernels that take "
                   f"{covered / total:.0%} of {total / 1e3:.2f} ms of kernel time "
                   f"(logs: {work}/logs)", flush=True)
             tuned = tune(chosen, calls, target, trials, Path(work), [committed],
-                         load_params()["seed"], profile["cores"], f"tune@{device}")
+                         params["seed"], profile["cores"], label)
             # A tuned schedule (this run's, or for a kernel left out of it the committed one)
             # is kept only where it computes what the default one computes and measures faster.
             rows, keep = {}, {}
             for name, us in cost.items():
                 row = {"calls": calls.get(name, 1), "default_us": round(us / calls.get(name, 1), 3)}
                 source = tuned if name in chosen else committed
-                if best_record([source], kernels[name]) is not None:
-                    row["tuned_us"] = round(kernel_us(kernels[name], target, source), 3)
-                    row["same_results"] = computes_the_same(kernels[name], target, source)
+                if best_record([source], generated[name]) is not None:
+                    row["tuned_us"] = round(kernel_us(generated[name], target, source), 3)
+                    row["same_results"] = computes_the_same(generated[name], target, source)
                     if row["same_results"] and row["tuned_us"] * MARGIN < row["default_us"]:
-                        keep[name] = kernels[name]
+                        keep[name] = generated[name]
                 row["schedule"] = "tuned" if name in keep else "default"
                 rows[name] = row
             sources = [tuned, committed]
@@ -120,13 +163,16 @@ def main(device: str) -> None:
         metrics.update(tuned_kernels=len(found),
                        records_us={name: round(us, 3) for name, us in found.items()})
         write_json_atomic(tmp / "metrics.json", metrics)
-        inputs = {"step": step, **({"pretuned": pretuned} if pretuned.exists() else {})}
-        write_manifest(tmp, f"tune@{device}", inputs, {"profile": profile, "trials": trials})
-    print(f"tune@{device}: {len(found)} of {len(kernels)} kernels have a tuned schedule"
+        inputs.update({"pretuned": pretuned} if pretuned.exists() else {})
+        write_manifest(tmp, label, inputs, {"profile": profile, "trials": trials,
+                                            **({} if device else {"steps": list(steps)})})
+    print(f"{label}: {len(found)} of {len(kernels)} kernels have a tuned schedule"
           + (f"; {trials} trials in {metrics['tuning_seconds']:.0f} s" if trials and kernels
              else f" (tune.trials is 0: the records committed in {pretuned})" if pretuned.exists()
              else f" (tune.trials is 0 and {pretuned} holds no records)"))
 
 
 if __name__ == "__main__":
-    run_stage(lambda: main(sys.argv[1]))
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m stages.tune <device> | --workloads")
+    run_stage(lambda: main(None if sys.argv[1] == "--workloads" else sys.argv[1]))

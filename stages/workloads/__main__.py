@@ -36,6 +36,7 @@ from pipelines.lora import adapted, add_adapters
 from pipelines.models import build_model
 from pipelines.progress import progress
 from pipelines.step import CompiledStep, initial_from, save_step, selection_of
+from pipelines.tuning import open_database
 from stages.benchmark.__main__ import in_fresh_process, run_isolated
 from stages.benchmark.cases import sgemm_peak
 from stages.optimize.passes import optimize
@@ -43,6 +44,7 @@ from stages.prune.__main__ import all_trainable, step_cost
 from stages.prune.show import scheme_step, shared_full_step
 
 OUT = ARTIFACTS / "workloads" / "metrics.json"
+TUNED = ARTIFACTS / "tune_workloads"  # the tune_workloads stage's database
 # The compiled step's losses against PyTorch's over the first steps (the second one's loss
 # reads the first one's update), same weights and tokens.
 CHECKED_STEPS, LOSS_RTOL = 2, 1e-4
@@ -69,9 +71,12 @@ def main() -> None:
     # Every name checked before any work.
     workloads = [(load_model(name), [load_conf_entry("sparse", s, f"workloads.models.{name}")
                                      for s in schemes]) for name, schemes in wanted.items()]
+    if not TUNED.is_dir():
+        raise ConfigError(f"{TUNED}: not found; run `dvc repro tune_workloads` first")
+    database = open_database(TUNED)
     # The yardstick for GFLOP/s, measured once for every model.
     peak = in_fresh_process(sgemm_peak, int(profile["cores"]))
-    metrics = {model["name"]: measure(model, schemes, params, profile, peak)
+    metrics = {model["name"]: measure(model, schemes, params, profile, peak, database)
                for model, schemes in workloads}
     write_json_atomic(OUT, metrics)
     for model, rows in metrics.items():
@@ -96,8 +101,10 @@ def synthetic_batch(model: dict, net: torch.nn.Module, seed: int):
     return x, y
 
 
-def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak: float) -> dict:
-    """One model's rows: its compiled step per scheme and the PyTorch cases, timed."""
+def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak: float,
+            database) -> dict:
+    """One model's rows: its compiled step per scheme (kernels with a record in ``database``
+    on their tuned schedule) and the PyTorch cases, timed."""
     optimizer, seed = require(params, "optimizer"), int(params["seed"])
     bench = require(params, "benchmark")
     tokens = int(model["batch_size"]) * int(model["seq_len"])
@@ -122,8 +129,10 @@ def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak:
             save_arrays(initial, initial_from(adapted(net, lora, seed), sig))
             scheme_spec = dict(spec, initial=str(initial), lora=lora, seed=seed)
             started = time.perf_counter()
-            backends = save_step(optimize(step, sig, reorder=True), sig, tvm_target(profile),
-                                 directory, measured_backends=True)
+            backends, schedules = save_step(optimize(step, sig, reorder=True), sig,
+                                            tvm_target(profile),
+                                            directory, measured_backends=True,
+                                            database=database)
             build_s = time.perf_counter() - started
             frozen = dict(scheme_spec, trainable=selection_of(sig))
             compiled_step = CompiledStep(directory, dict(np.load(initial)))
@@ -140,10 +149,12 @@ def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak:
                 "flops": summary["pruned"]["flops"], "build_s": build_s,
                 "loss_compiled": compiled_loss, "loss_torch": torch_loss,
                 "backends": dict(Counter(r["backend"] for r in backends.values())),
+                "tuned_kernels": schedules["tuned"],
             }
             print(f"{model['name']} {scheme['name']}: compiled "
                   f"{rows[scheme['name']]['compiled']['median_ms']:.1f} ms/step; products "
-                  f"{rows[scheme['name']]['backends']}", flush=True)
+                  f"{rows[scheme['name']]['backends']}; {schedules['tuned']} kernels on tuned "
+                  f"schedules", flush=True)
         eager = run_isolated("torch_eager_full", spec)
         compiled_torch = run_isolated("torch_compile_full", spec)
     finally:
