@@ -105,11 +105,15 @@ def cmd_pretuned(args) -> int:
     from pipelines.config import resolved_profile, tvm_target
     from pipelines.tuning import PRETUNED, WORKLOADS, merge_databases
 
-    tuned = ARTIFACTS / "tune" / args.device
-    if not (tuned / WORKLOADS).exists():
-        raise ConfigError(f"{tuned}: no tuning database; run `dvc repro tune@{args.device}` "
-                          f"with the profile's tune.trials above 0 first")
-    count = merge_databases([PRETUNED / args.device, tuned], PRETUNED / args.device,
+    tuned = [ARTIFACTS / "tune" / args.device]
+    if args.device == "host":  # the workloads stage's steps are built on the host profile
+        tuned.append(ARTIFACTS / "tune_workloads")
+    tuned = [directory for directory in tuned if (directory / WORKLOADS).exists()]
+    if not tuned:
+        raise ConfigError(f"{ARTIFACTS / 'tune' / args.device}: no tuning database; run "
+                          f"`dvc repro tune@{args.device}` with the profile's tune.trials above "
+                          f"0 first")
+    count = merge_databases([PRETUNED / args.device, *tuned], PRETUNED / args.device,
                             tvm_target(resolved_profile(args.device)))
     print(f"{PRETUNED / args.device}: {count} kernels with a tuned schedule; commit it")
     return EXIT_OK
@@ -256,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "build@<device>)")
     p.add_argument("devices", nargs="*", help="device profiles (default: params.yaml devices)")
     p.set_defaults(func=cmd_build)
-    p = sub.add_parser("pretuned", help="merge artifacts/tune/<device> into the committed "
+    p = sub.add_parser("pretuned", help="merge artifacts/tune/<device> (for host also "
+                                        "artifacts/tune_workloads) into the committed "
                                         "device_profiles/tuned/<device>")
     p.add_argument("device", help="a device profile whose tune stage has run")
     p.set_defaults(func=cmd_pretuned)

@@ -177,12 +177,12 @@ def text_models(workloads: dict, task: dict) -> list[str]:
     """The workloads stage's speed rows and the text task's scores, per model and scheme."""
     lines = ["## Text models (host, compiled step vs PyTorch, same run)", "",
              "| model | scheme | tokens/s | ms/step | vs eager full BP | vs eager, same layers "
-             "frozen | vs torch.compile | peak memory vs eager |",
-             "|---|---|---|---|---|---|---|---|"]
+             "frozen | vs torch.compile | peak memory vs eager | tuned kernels |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for model, rows in workloads.items():
         eager = rows["torch_eager_full"]
         lines.append(f"| {model} | PyTorch eager full BP | {eager['tokens_per_s']:.0f} | "
-                     f"{eager['median_ms']:.1f} | | | | |")
+                     f"{eager['median_ms']:.1f} | | | | | |")
         for name, row in rows["schemes"].items():
             memory = row["memory_ratio_vs_torch_eager_full"]
             lines.append(
@@ -190,7 +190,8 @@ def text_models(workloads: dict, task: dict) -> list[str]:
                 f"{row['compiled']['median_ms']:.1f} | {row['speedup_vs_torch_eager_full']:.2f}x "
                 f"| {row['speedup_vs_torch_eager_frozen']:.2f}x | "
                 f"{row['speedup_vs_torch_compile_full']:.2f}x | "
-                f"{'' if memory is None else f'{memory:.2f}'} |")
+                f"{'' if memory is None else f'{memory:.2f}'} | "
+                f"{row.get('tuned_kernels', '')} |")
     lines += ["", f"Text task ({task['model']}, {task['data']}): {task['task']}; "
                   f"{task['train_sentences']} training sentences, {task['epochs']} epoch(s), "
                   f"{task['test_sentences']} test sentences; accuracy before fine-tuning "
