@@ -1,5 +1,6 @@
 """Default CPU schedules (pipelines/schedules.py): kernels become parallel and vector-friendly,
 and compute what the unscheduled kernels compute."""
+import math
 import re
 
 import numpy as np
@@ -50,30 +51,37 @@ def test_scheduled_kernels_compute_the_same():
     assert schedule_cpu_kernels(scheduled) == {}  # scheduled kernels are left alone
 
 
-def _exp_kernels(dtype: str):
-    """exp and sigmoid (which TVM lowers through exp) of one tensor, built for the CPU."""
+def _kernels(dtype: str):
+    """exp, sigmoid (which TVM lowers through exp) and erf of one tensor, built for the CPU."""
     from tvm import te, topi
 
     x = te.placeholder((4, 1024), dtype, name="x")
     return [tvm.compile(tvm.IRModule({"main": te.create_prim_func([x, op(x)])}), target=TARGET)
-            for op in (topi.exp, topi.sigmoid)]
+            for op in (topi.exp, topi.sigmoid, topi.erf)]
 
 
-def test_exp_on_the_cpu_is_the_polynomial_and_as_exact_as_libm():
-    # Normal inputs, the ends of float32's range and beyond, as softmax's masks give.
+def test_exp_and_erf_on_the_cpu_are_polynomials_nearly_as_exact_as_libm():
+    # Normal inputs, the ends of float32's range and beyond, as softmax's masks give; NaN.
     x = np.concatenate([np.linspace(-87.0, 88.0, 4000), [0.0, -88.5, -100.0, -1e30, -np.inf,
-                                                          1e-8, -1e-8, 50.0, -50.0]])
+                                                          np.inf, 1e-8, -1e-8, 50.0, -50.0]])
     x = np.resize(x, (4, 1024)).astype("float32")
-    exact = np.exp(x.astype(np.float64))
-    exp, sigmoid = _exp_kernels("float32")
-    got = [tvm.runtime.tensor(np.zeros_like(x)) for _ in range(2)]
-    exp["main"](tvm.runtime.tensor(x), got[0])
-    sigmoid["main"](tvm.runtime.tensor(x), got[1])
-    normal = exact > 2 * np.finfo(np.float32).tiny  # not subnormal
-    np.testing.assert_allclose(got[0].numpy()[normal], exact[normal], rtol=2e-7)
-    assert (got[0].numpy()[~normal] < 1e-37).all()  # underflow: 0, or nearly
-    np.testing.assert_allclose(got[1].numpy(), 1 / (1 + np.exp(-x.astype(np.float64))),
-                               rtol=3e-7, atol=1e-38)
-    # No exp call left in the code; float64 keeps TVM's rule, libm's exp.
-    assert not re.search(r"@\S*exp", exp.mod.inspect_source("ll"))
-    assert "@exp(" in _exp_kernels("float64")[0].mod.inspect_source("ll")
+    x[0, 0] = np.nan
+    wide = x.astype(np.float64)
+    exact = [np.exp(wide), 1 / (1 + np.exp(-wide)), np.vectorize(math.erf)(wide)]
+    kernels = _kernels("float32")
+    got = []
+    for kernel in kernels:
+        out = tvm.runtime.tensor(np.zeros_like(x))
+        kernel["main"](tvm.runtime.tensor(x), out)
+        got.append(out.numpy())
+    exp, sigmoid, erf = got
+    assert np.isnan(exp[0, 0]) and np.isnan(sigmoid[0, 0]) and np.isnan(erf[0, 0])
+    normal = exact[0] > 2 * np.finfo(np.float32).tiny  # not subnormal
+    np.testing.assert_allclose(exp[normal], exact[0][normal], rtol=2e-7)
+    assert (exp[~normal & ~np.isnan(x)] < 1e-37).all()  # underflow: 0, or nearly
+    np.testing.assert_allclose(sigmoid, exact[1], rtol=3e-7, atol=1e-38)
+    np.testing.assert_allclose(erf, exact[2], rtol=0, atol=4e-7)
+    # No libm call left in the code; float64 keeps TVM's rules (libm's exp).
+    for kernel in kernels:
+        assert not re.search(r"@\S*(exp|erf)", kernel.mod.inspect_source("ll"))
+    assert "@exp(" in _kernels("float64")[0].mod.inspect_source("ll")
