@@ -22,6 +22,7 @@ FUSION = [
     relax.transform.DeadCodeElimination(["train_step"]),
 ]
 
+
 @relax.expr_functor.mutator
 class _PlainPowers(relax.PyExprMutator):
     """x ** 2 and x ** 1 as x * x and x. RMS norm squares its input, and its gradient is
