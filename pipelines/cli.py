@@ -105,8 +105,10 @@ def cmd_pretuned(args) -> int:
     from pipelines.config import resolved_profile, tvm_target
     from pipelines.tuning import PRETUNED, WORKLOADS, merge_databases
 
+    from stages.workloads.__main__ import DEVICE as WORKLOADS_DEVICE
+
     tuned = [ARTIFACTS / "tune" / args.device]
-    if args.device == "host":  # the workloads stage's steps are built on the host profile
+    if args.device == WORKLOADS_DEVICE:  # the profile the workloads' steps are built on
         tuned.append(ARTIFACTS / "tune_workloads")
     tuned = [directory for directory in tuned if (directory / WORKLOADS).exists()]
     if not tuned:

@@ -191,7 +191,7 @@ def text_models(workloads: dict, task: dict) -> list[str]:
                 f"| {row['speedup_vs_torch_eager_frozen']:.2f}x | "
                 f"{row['speedup_vs_torch_compile_full']:.2f}x | "
                 f"{'' if memory is None else f'{memory:.2f}'} | "
-                f"{row.get('tuned_kernels', '')} |")
+                f"{row['tuned_kernels']} |")
     lines += ["", f"Text task ({task['model']}, {task['data']}): {task['task']}; "
                   f"{task['train_sentences']} training sentences, {task['epochs']} epoch(s), "
                   f"{task['test_sentences']} test sentences; accuracy before fine-tuning "

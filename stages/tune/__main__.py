@@ -32,10 +32,10 @@ from tvm import relax
 
 from pipelines.artifacts import ARTIFACTS, atomic_dir, write_json_atomic, write_manifest
 from pipelines.backends import MARGIN, measure, switch_backends
-from pipelines.config import (load_conf_entry, load_params, require, resolved_profile,
-                              run_stage, tvm_target)
+from pipelines.config import load_params, require, resolved_profile, run_stage, tvm_target
 from pipelines.ir import load_ir
 from stages.build.__main__ import step_to_build
+from stages.workloads.__main__ import DEVICE as WORKLOADS_DEVICE
 from pipelines.tuning import (PRETUNED, best_record, computes_the_same, kernel_us,
                               open_database, select_records, tunable_kernels, tune)
 
@@ -61,19 +61,16 @@ def device_steps(profile: dict) -> tuple[dict[str, tvm.IRModule], dict]:
 
 
 def workload_steps(params: dict) -> tuple[dict[str, tvm.IRModule], dict]:
-    """The workloads stage's steps (stages/workloads: every model and scheme of
-    workloads.models, optimized as that stage does), by "<model>.<scheme>"."""
-    from stages.optimize.passes import optimize
-    from stages.prune.show import scheme_step
-    from stages.workloads.__main__ import load_model
+    """The workloads stage's steps (every model and scheme of workloads.models, built as that
+    stage builds them), by "<model>.<scheme>"."""
+    from stages.workloads.__main__ import configured, optimized_step
 
     optimizer, seed, steps = require(params, "optimizer"), int(params["seed"]), {}
-    for name, schemes in require(params, "workloads.models").items():
-        model, full_steps = load_model(name), {}
-        for scheme_name in schemes:
-            scheme = load_conf_entry("sparse", scheme_name, f"workloads.models.{name}")
-            step, signature, _ = scheme_step(model, optimizer, scheme, seed, full_steps)
-            steps[f"{name}.{scheme_name}"] = optimize(step, signature, reorder=True)
+    for model, schemes in configured(params):
+        full_steps = {}
+        for scheme in schemes:
+            steps[f"{model['name']}.{scheme['name']}"], _, _ = optimized_step(
+                model, optimizer, scheme, seed, full_steps)
     return steps, {"models": Path("conf/model"), "schemes": Path("conf/sparse")}
 
 
@@ -100,7 +97,7 @@ def by_cost(kernels: dict, calls: Counter, target) -> dict[str, float]:
 def main(device: str | None) -> None:
     """Tune ``device``'s step, or with None the workloads' steps on the host profile."""
     params = load_params()
-    profile = resolved_profile(device or "host")
+    profile = resolved_profile(device or WORKLOADS_DEVICE)
     trials, target = profile["tune"]["trials"], tvm_target(profile)
     label = f"tune@{device}" if device else "tune_workloads"
     out = ARTIFACTS / "tune" / device if device else ARTIFACTS / "tune_workloads"

@@ -44,6 +44,7 @@ from stages.prune.__main__ import all_trainable, step_cost
 from stages.prune.show import scheme_step, shared_full_step
 
 OUT = ARTIFACTS / "workloads" / "metrics.json"
+DEVICE = "host"  # the profile these steps are built on and timed with
 TUNED = ARTIFACTS / "tune_workloads"  # the tune_workloads stage's database
 # The compiled step's losses against PyTorch's over the first steps (the second one's loss
 # reads the first one's update), same weights and tokens.
@@ -61,16 +62,27 @@ def load_model(name: str) -> dict:
     return model
 
 
-def main() -> None:
-    params = load_params()
-    profile = resolved_profile("host")
+def configured(params: dict) -> list[tuple[dict, list[dict]]]:
+    """workloads.models as (model, its schemes) pairs, every name checked before any work."""
     wanted = require(params, "workloads.models")
     if not isinstance(wanted, dict) or not wanted:
         raise ConfigError("params.yaml: workloads.models must map model names to lists of "
                           "schemes, e.g. {llama_tiny: [full, transformer_paper]}")
-    # Every name checked before any work.
-    workloads = [(load_model(name), [load_conf_entry("sparse", s, f"workloads.models.{name}")
-                                     for s in schemes]) for name, schemes in wanted.items()]
+    return [(load_model(name), [load_conf_entry("sparse", s, f"workloads.models.{name}")
+                                for s in schemes]) for name, schemes in wanted.items()]
+
+
+def optimized_step(model: dict, optimizer: dict, scheme: dict, seed: int, full_steps: dict):
+    """The scheme's step of ``model`` as this stage builds it, with its signature and the
+    pruning summary (``full_steps``: the full steps schemes of one model share)."""
+    step, signature, summary = scheme_step(model, optimizer, scheme, seed, full_steps)
+    return optimize(step, signature, reorder=True), signature, summary
+
+
+def main() -> None:
+    params = load_params()
+    profile = resolved_profile(DEVICE)
+    workloads = configured(params)
     if not TUNED.is_dir():
         raise ConfigError(f"{TUNED}: not found; run `dvc repro tune_workloads` first")
     database = open_database(TUNED)
@@ -122,17 +134,15 @@ def measure(model: dict, schemes: list[dict], params: dict, profile: dict, peak:
         full_steps, rows = {}, {}
         for scheme in progress(schemes, f"workloads {model['name']}"):
             lora = scheme.get("lora")
-            step, sig, summary = scheme_step(model, optimizer, scheme, seed, full_steps)
+            step, sig, summary = optimized_step(model, optimizer, scheme, seed, full_steps)
             directory = scratch / scheme["name"]
             directory.mkdir()
             initial = directory.with_suffix(".initial.npz")
             save_arrays(initial, initial_from(adapted(net, lora, seed), sig))
             scheme_spec = dict(spec, initial=str(initial), lora=lora, seed=seed)
             started = time.perf_counter()
-            backends, schedules = save_step(optimize(step, sig, reorder=True), sig,
-                                            tvm_target(profile),
-                                            directory, measured_backends=True,
-                                            database=database)
+            backends, schedules = save_step(step, sig, tvm_target(profile), directory,
+                                            measured_backends=True, database=database)
             build_s = time.perf_counter() - started
             frozen = dict(scheme_spec, trainable=selection_of(sig))
             compiled_step = CompiledStep(directory, dict(np.load(initial)))
