@@ -25,6 +25,8 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule.schedule import ScheduleError
 
+from pipelines.loss import LOSS_KERNEL, schedule_softmax_nll_loss
+
 # The parallel loops run on TVM's thread pool, which, left to itself, starts a thread per CPU
 # of the whole machine, not of the CPUs this process may use: on 2 usable cores the parallel
 # step ran 8.0 ms instead of 2.4. Read when the pool starts, at the first kernel call; a
@@ -166,6 +168,11 @@ def schedule_cpu_kernels(mod: tvm.IRModule) -> Counter:
                 "tirx.is_scheduled"):
             continue
         sch = s_tir.Schedule(func)
+        if LOSS_KERNEL in func.attrs:  # a kernel of ours, with its own schedule
+            schedule_softmax_nll_loss(sch, VECTOR)
+            mod[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            taken["loss"] += 1
+            continue
         try:
             root = sch.get_sblock("root")
         except ScheduleError:  # hand-written TIR with no root block (e.g. take_backward)

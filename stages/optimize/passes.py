@@ -7,6 +7,7 @@ from tvm import relax
 
 from pipelines.ir import nbytes
 from stages.optimize.gemm import isolate_gemms
+from stages.optimize.loss import fuse_losses
 from stages.optimize.recompute import recompute
 from stages.optimize.schedule import liveness, reorder_updates
 
@@ -66,12 +67,14 @@ PLAN = [
 def optimize(step: relax.Function, signature: dict, reorder: bool,
              recomputed: bool = False) -> tvm.IRModule:
     """The pruned step, its updates reordered when ``reorder``, its cheap activations
-    recomputed in the backward pass when ``recomputed``, fused, as a module."""
+    recomputed in the backward pass when ``recomputed``, its cross-entropy loss and gradient
+    one kernel, fused, as a module."""
     if reorder:
         step = reorder_updates(step, update_outputs(signature))
     if recomputed:
         step, _ = recompute(step, update_outputs(signature))
     mod = tvm.IRModule({"train_step": step.with_attr("global_symbol", "train_step")})
+    mod, _ = fuse_losses(mod)
     mod, _ = isolate_gemms(mod)
     return tvm.transform.Sequential(FUSION)(plain_powers(mod))
 

@@ -4,7 +4,8 @@ Usage: python -m stages.profile
 The host build's step runs with a VM instrument that times every call the VM makes (each
 compiled kernel, and the VM's own builtins) over ``benchmark.steps`` steps after
 ``benchmark.warmup``. Each call is put in a phase by its place in the step and its role:
-- forward: the calls up to the loss (the first ``nll_loss`` kernel);
+- forward: the calls up to the loss (the first ``nll_loss`` kernel; the fused one,
+  ``softmax_nll_loss``, also computes the logits' gradient, and counts here);
 - update: calls after the loss whose result is a new parameter or optimizer state (the step's
   outputs, found in the optimized IR; batch norm's running statistics are new state too, but
   computed before the loss, so forward);

@@ -1,0 +1,72 @@
+"""The fused cross-entropy (pipelines/loss.py, stages/optimize/loss.py): autodiff's loss pattern
+becomes one kernel, which computes PyTorch's loss and gradient, ignored labels included."""
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+from pipelines.ir import tensor_type
+from pipelines.schedules import schedule_cpu_kernels
+from stages.optimize.loss import fuse_losses
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+IGNORE = -100
+
+
+def _autodiff_pattern(rows: int, classes: int, reduction: str, extra_reader: bool = False):
+    """The loss and its gradient as the autodiff stage writes them (log_softmax, nll_loss, its
+    backward, log_softmax's rule); with ``extra_reader``, exp(log_softmax) is also returned."""
+    z = relax.Var("z", tensor_type([rows, classes], "float32"))
+    y = relax.Var("y", tensor_type([rows], "int64"))
+    g = relax.Var("g", tensor_type([], "float32"))
+    op = relax.op
+    bb = relax.BlockBuilder()
+    with bb.function("train_step", [z, y, g]):
+        with bb.dataflow():
+            p = bb.emit(op.nn.log_softmax(z))
+            loss = bb.emit_output(op.nn.nll_loss(p, y, reduction=reduction,
+                                                 ignore_index=IGNORE))
+            dp = bb.emit(op.grad.nll_loss_backward(g, p, y, reduction=reduction,
+                                                   ignore_index=IGNORE))
+            e = bb.emit(op.exp(p))
+            dz = bb.emit(op.subtract(dp, op.multiply(op.sum(dp, axis=[-1], keepdims=True), e)))
+            out = bb.emit_output(relax.Tuple([loss, dz, e] if extra_reader else [loss, dz]))
+        bb.emit_func_output(out)
+    return relax.transform.Normalize()(bb.get())
+
+
+def _build(mod: tvm.IRModule):
+    mod = relax.transform.LegalizeOps()(mod)
+    schedule_cpu_kernels(mod)
+    return relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())["train_step"]
+
+
+@pytest.mark.parametrize("rows,classes,reduction", [(6, 10, "mean"), (5, 40, "sum"),
+                                                     (9, 2048, "mean")])
+def test_the_fused_loss_computes_pytorchs_cross_entropy_and_gradient(rows, classes, reduction):
+    fused, count = fuse_losses(_autodiff_pattern(rows, classes, reduction))
+    assert count == 1
+    script = fused.script()
+    assert "log_softmax" not in script and "nll_loss_backward" not in script
+    rng = np.random.default_rng(rows)
+    logits = (rng.standard_normal((rows, classes)) * 4).astype("float32")
+    labels = rng.integers(0, classes, rows)
+    labels[1] = IGNORE
+    adjoint = np.float32(0.7)
+    loss, gradient = _build(fused)(*(tvm.runtime.tensor(a) for a in (
+        logits, labels, np.array(adjoint))))
+
+    z = torch.tensor(logits, requires_grad=True)
+    want = torch.nn.functional.cross_entropy(z, torch.tensor(labels), ignore_index=IGNORE,
+                                             reduction=reduction)
+    (want * float(adjoint)).backward()
+    np.testing.assert_allclose(loss.numpy(), want.item(), rtol=1e-6)
+    np.testing.assert_allclose(gradient.numpy(), z.grad.numpy(), rtol=1e-5, atol=1e-7)
+    assert not gradient.numpy()[1].any()  # the ignored row
+
+
+def test_a_pattern_with_another_reader_stays_as_it_was():
+    mod = _autodiff_pattern(4, 10, "mean", extra_reader=True)
+    fused, count = fuse_losses(mod)
+    assert count == 0 and fused.same_as(mod)
