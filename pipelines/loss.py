@@ -79,9 +79,10 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
 
 
 def schedule_softmax_nll_loss(sch: s_tir.Schedule, vector: int) -> None:
-    """Rows in parallel: each row's max, sum of exponentials, loss and gradient computed one
-    after the other while the row is in cache (one loop over the rows: merge), the lanes'
-    partial results and the gradient ``vector`` lanes at a time."""
+    """Rows in parallel: each row's max, sum of exponentials and gradient computed one after
+    the other while the row is in cache (one loop over the rows: merge), the lanes' partial
+    results and the gradient ``vector`` lanes at a time. The loss, a few values per row, is
+    summed after that loop."""
     blocks = [sch.get_sblock(name) for name in
               ("lane_max", "row_max", "lane_sum", "row_sum", "row_scale", "label_scale",
                "logits_gradient")]
