@@ -24,11 +24,11 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx, topi
 
+from pipelines.ir import OPAQUE
 from pipelines.schedules import with_cpu_schedules
 from pipelines.timing import step_times
 
 GEMM = "pockengine_gemm"  # PrimFunc attribute: the transposes, "nn", "nt", "tn" or "tt"
-OPAQUE = 8  # relax OpPatternKind kOpaque: FuseOps fuses nothing into it
 SHIM = Path(__file__).with_name("openblas_sgemm.cc")
 OPENBLAS_LIB = "libscipy_openblas.so"
 # OpenBLAS is chosen for a product only when it is this much faster: close calls stay

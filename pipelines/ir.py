@@ -11,6 +11,9 @@ from tvm import relax
 
 from pipelines.artifacts import write_text_atomic
 
+# relax OpPatternKind kOpaque, as a kernel's "op_pattern": FuseOps fuses nothing into it
+OPAQUE = 8
+
 
 def shape_of(expr_or_type) -> list[int]:
     """Static shape of a tensor-typed Relax expression (or of a TensorType)."""

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from tvm import s_tir, te, tirx
 
+from pipelines.ir import OPAQUE
+
 LOSS_KERNEL = "pockengine_softmax_nll_loss"  # PrimFunc attribute: the reduction, mean or sum
 LANES = 16  # partial results per row (below): a CPU's float32 vector, in two AVX2 registers
-OPAQUE = 8  # relax OpPatternKind kOpaque: FuseOps fuses nothing into it
 
 
 def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,

@@ -18,19 +18,9 @@ import tvm
 from tvm import relax
 
 from pipelines.loss import softmax_nll_loss_kernel
+from stages.optimize.gemm import _static  # a float32 tensor's static shape, or None
+from stages.optimize.recompute import _op_name as _op
 from stages.optimize.schedule import _block, _uses
-
-
-def _op(value) -> str:
-    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
-        else ""
-
-
-def _static(expr) -> list[int] | None:
-    try:
-        return [int(d) for d in expr.ty.shape]
-    except (AttributeError, TypeError):  # not a tensor, or a symbolic dimension
-        return None
 
 
 def _last_axis(call, rank: int) -> bool:
@@ -61,8 +51,7 @@ def fused_losses(func: relax.Function) -> dict[relax.Var, dict]:
             continue
         z = b.value.args[0]
         shape = _static(z)
-        if shape is None or len(shape) != 2 or z.ty.dtype != "float32" \
-                or int(b.value.attrs.axis) not in (-1, 1):
+        if shape is None or len(shape) != 2 or int(b.value.attrs.axis) not in (-1, 1):
             continue
         readers = {_op(value[v]): v for v in users[b.var]}
         if len(users[b.var]) != 3 or set(readers) != {
@@ -86,7 +75,7 @@ def fused_losses(func: relax.Function) -> dict[relax.Var, dict]:
                 or {*value[product].args} != {s, exp}:
             continue
         dz = only_reader(product, "relax.subtract")
-        if dz is None or list(value[dz].args) != [dp, product] or dz not in users[dp]:
+        if dz is None or list(value[dz].args) != [dp, product]:
             continue
         if any(position[v] < position[dz] for v in users[loss]):
             continue  # the loss is read before the fused call could stand
