@@ -98,4 +98,4 @@ def schedule_softmax_nll_loss(sch: s_tir.Schedule, vector: int) -> None:
         sch.reorder(j, lane)
         sch.unroll(lane)  # LLVM vectorises the unrolled lanes (vectorize refuses a reduction)
     _, k = sch.get_loops(sch.get_sblock("logits_gradient"))
-    sch.unroll(sch.split(k, [None, vector])[1])  # as the default schedules: LLVM vectorises it
+    sch.vectorize(sch.split(k, [None, vector])[1])  # as the default schedules
