@@ -15,11 +15,14 @@ import numpy as np
 import pytest
 import tvm
 import yaml
+from tvm import relax
 
 from conftest import chained_steps_match
 from pipelines.backends import OPENBLAS_LIB, gemm_kernels, measure, switch_backends
 from pipelines.config import CONF
+from pipelines.ir import tensor_type
 from pipelines.step import save_step
+from stages.optimize.gemm import isolate_gemms
 from stages.optimize.passes import optimize
 from stages.prune.__main__ import prune_scheme
 from stages.prune.scheme import select
@@ -81,3 +84,25 @@ def test_measurement_times_both_backends(step):
         assert row["generated_ms"] > 0 and row["openblas_ms"] > 0
         assert row["backend"] == ("openblas" if row["openblas_ms"] * 1.1 < row["generated_ms"]
                                   else "generated")
+
+
+def test_a_batched_product_reads_a_permuted_operand_transposed():
+    """torch.export's 4-D ``q @ k.transpose(-2, -1)``: permute_dims, broadcast_to, a reshape to
+    3-D, matmul. The gemm kernel reads k (its leading axes merged) transposed: no kernel writes
+    k^T. (The chained steps above check such a product's numbers.)"""
+    q, k = (relax.Var(name, tensor_type([2, 3, 5, 4], "float32")) for name in "qk")
+    bb = relax.BlockBuilder()
+    with bb.function("train_step", [q, k]):
+        with bb.dataflow():
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+            kt = bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(kt, [2, 3, 4, 5])),
+                                          [6, 4, 5]))
+            q3 = bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(q, [2, 3, 5, 4])),
+                                          [6, 5, 4]))
+            out = bb.emit_output(relax.op.matmul(q3, kt))
+        bb.emit_func_output(out)
+    mod, count = isolate_gemms(bb.get())
+    mod = relax.transform.DeadCodeElimination()(mod)
+    assert count == 1
+    assert [str(f.attrs["pockengine_gemm"]) for f in gemm_kernels(mod).values()] == ["nt"]
+    assert "permute_dims" not in mod["train_step"].script()
