@@ -233,9 +233,10 @@ def schedule_cpu_kernels(mod: tvm.IRModule) -> Counter:
             continue
         _inline_all(sch, root)
         # Inlined reshapes leave indices such as (i // 128 * 128 + i % 128) % 512 that hide a
-        # contiguous access from vectorize and LLVM (SwiGLU's kernel: 5x slower); simplified,
-        # with the loops' bounds, that index is i again. The simplified function shares what
-        # did not change with ``func``, which a schedule of it then changed in place: a copy.
+        # contiguous access from vectorize and LLVM; simplified with the loops' bounds, that
+        # index is i again (llama_tiny's SwiGLU kernel: 115 us a call, simplified 85). The
+        # simplified function shares what did not change with ``func``, which a schedule of it
+        # then changed in place: a copy.
         simplified = s_tir.transform.StmtSimplify()(sch.mod)["main"]
         sch = s_tir.Schedule(tvm.ir.load_json(tvm.ir.save_json(simplified)))
         root = sch.get_sblock("root")
