@@ -156,19 +156,24 @@ def _along_rows(block: tirx.Stmt, spatial_var, reduction_var) -> bool:
             and not any(_uses(index[-1], spatial_var) for index in along))
 
 
+def _parallel(sch: s_tir.Schedule, loops: list) -> None:
+    """The loops fused into one, run in parallel when it has more than one iteration."""
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if int(sch.get(fused).extent) > 1:
+        sch.parallel(fused)
+
+
 def _schedule_rows(sch: s_tir.Schedule, block, spatial: list, reduction) -> None:
     """A row reduction: VECTOR partial results per row, lane l over the row's elements l,
     l + VECTOR, ... (rfactor), the lanes a vector over contiguous elements; then each row's
     VECTOR partial results combined."""
     _, lanes = sch.split(reduction, [None, VECTOR])
     partial = sch.rfactor(lanes, factor_axis=len(spatial))  # lanes last: contiguous
-    rows = sch.get_loops(partial)[:len(spatial)]
-    sch.parallel(sch.fuse(*rows) if len(rows) > 1 else rows[0])
+    _parallel(sch, sch.get_loops(partial)[:len(spatial)])
     _, outer, lanes = sch.get_loops(partial)
     sch.decompose_reduction(partial, outer)
     sch.unroll(lanes)  # LLVM vectorises the unrolled lanes (vectorize refuses a reduction)
-    rows = sch.get_loops(block)[:len(spatial)]
-    sch.parallel(sch.fuse(*rows) if len(rows) > 1 else rows[0])
+    _parallel(sch, sch.get_loops(block)[:len(spatial)])
 
 
 def _schedule_block(sch: s_tir.Schedule, block) -> str:
@@ -188,8 +193,8 @@ def _schedule_block(sch: s_tir.Schedule, block) -> str:
         return "scalar"
     last = wide[-1]
     axes = sch.get(block).iter_vars
-    if (len(reduction) == 1 and int(sch.get(reduction[0]).extent) % VECTOR == 0
-            and int(sch.get(reduction[0]).extent) > VECTOR
+    row = int(sch.get(reduction[0]).extent) if len(reduction) == 1 else 0
+    if (row > VECTOR and row % VECTOR == 0
             and _along_rows(sch.get(block), axes[last].var, axes[-1].var)):
         _schedule_rows(sch, block, spatial, reduction[0])
         return "rows"
@@ -200,9 +205,7 @@ def _schedule_block(sch: s_tir.Schedule, block) -> str:
     outer = before + after
     sch.reorder(*outer, *reduction, inner)
     if outer:
-        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-        if int(sch.get(fused).extent) > 1:
-            sch.parallel(fused)
+        _parallel(sch, outer)
     if reduction:
         sch.decompose_reduction(block, reduction[0])
     try:

@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 
 from pipelines.backends import gemm_kernel
+from stages.optimize.recompute import _op_name
 
 
 def _static(expr) -> list[int] | None:
@@ -41,10 +42,9 @@ class _Gemms(relax.PyExprMutator):
         self.bound, self.kernels, self.count = bound, {}, 0
 
     def _call(self, var, op: str):
+        """The call of ``relax.<op>`` that ``var`` is bound to, or None."""
         value = self.bound.get(var)
-        if isinstance(value, relax.Call) and getattr(value.op, "name", "") == f"relax.{op}":
-            return value
-        return None
+        return value if _op_name(value) == f"relax.{op}" else None
 
     def _operand(self, var, rank: int):
         """(what to read, whether it is read transposed)."""
