@@ -9,8 +9,9 @@ PyPI), whichever a measurement on the device finds faster.
   ``openblas_sgemm.cc``; compiled and linked into the step's library, with OpenBLAS's shared
   library beside it (found through the rpath ``$ORIGIN``). The Relax VM calls it directly.
 
-Only a device the build can measure (``runner: local``: this machine) is switched; for the
-others every product stays generated, and the manifest says why.
+Only a device the build can measure (pipelines/config.py: runs_here; runner local or docker,
+this machine's CPU) is switched; for the others every product stays generated, and the
+manifest says why.
 """
 from __future__ import annotations
 

@@ -155,10 +155,16 @@ def load_profile(name: str, overrides: dict | None = None) -> dict:
     return profile
 
 
+def runs_here(profile: dict) -> bool:
+    """Whether the device's CPU code runs on this machine's CPU, so that kernels can be timed
+    here for it: runner local, or docker (a container on this machine's CPU, which its
+    benchmark times too; load_profile holds its target to this machine's architecture)."""
+    return profile["runner"] in ("local", "docker") and profile["target"]["kind"] == "llvm"
+
+
 def check_tune(profile: dict, path) -> None:
     """``tune.trials``: MetaSchedule trials the tune stage runs for this device (default 0:
-    only the committed pre-tuned records). Tuning measures candidates here, so it needs a CPU
-    target this machine runs (runner local)."""
+    only the committed pre-tuned records). Tuning times candidates here (runs_here)."""
     tune = profile["tune"] = {"trials": 0, **(profile.get("tune") or {})}
     unknown = set(tune) - {"trials"}
     if unknown:
@@ -167,11 +173,11 @@ def check_tune(profile: dict, path) -> None:
     trials = tune["trials"]
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
         raise ConfigError(f"{path}: tune.trials={trials!r}; allowed: a whole number >= 0")
-    if trials and (profile["runner"] != "local" or profile["target"]["kind"] != "llvm"):
+    if trials and not runs_here(profile):
         raise ConfigError(f"{path}: tune.trials={trials} needs candidates timed on the device, "
                           f"but runner={profile['runner']!r}, target kind "
                           f"{profile['target']['kind']!r}; allowed: tune.trials 0 (committed "
-                          "records only), or runner 'local' with an llvm target")
+                          "records only), or runner 'local' or 'docker' with an llvm target")
 
 
 def cpu_architecture(profile: dict) -> str:

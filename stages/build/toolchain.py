@@ -19,7 +19,7 @@ from pathlib import Path
 import tvm
 
 from pipelines.backends import compile_with_backends
-from pipelines.config import PROFILES, ConfigError, tvm_target
+from pipelines.config import PROFILES, ConfigError, runs_here, tvm_target
 from pipelines.tuning import schedule_cpu
 from stages.build.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
 from stages.build.gpu import GPU_KINDS, gpu_pipeline
@@ -62,9 +62,10 @@ def compile_step(mod: tvm.IRModule, profile: dict, directory: Path, database=Non
         # The gemm kernels stay as they are, transposes folded in: the GPU rules schedule them.
         pipeline, options, backends = gpu_pipeline(target, kernels), {}, {}
     else:
-        # Matrix products on OpenBLAS where measured faster; only this machine (runner
-        # local) can be measured, elsewhere they stay generated.
-        measured = profile["runner"] == "local"
+        # Matrix products on OpenBLAS where measured faster; only a device whose code runs on
+        # this machine's CPU (runner local or docker) can be measured, elsewhere they stay
+        # generated.
+        measured = runs_here(profile)
         mod, options, rows = compile_with_backends(mod, target, Path(directory), measured)
         backends = {"measured": measured, "kernels": rows} if measured else {
             "measured": False, "reason": f"runner {profile['runner']}: the build cannot time "
