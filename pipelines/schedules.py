@@ -9,7 +9,8 @@ the training step gets the same simple schedule:
   reduction's: unrolled, for LLVM to vectorise: TVM's vectorize refuses a reduction);
 - a row reduction (one reduction axis, contiguous in what it reads, as a softmax's sums) keeps
   VECTOR partial results per row, a vector over contiguous elements, then combines them;
-- the other spatial loops are fused and run in parallel on the profile's cores;
+- the other spatial loops are fused and run in parallel on the profile's cores, unless the
+  block's loop nest is too small to repay waking the thread pool (SERIAL_WORK);
 - a reduction's initialisation is split off (decompose_reduction) above the reduction loops.
 
 Only loop order, splitting and threading change, and a row reduction's order of terms (the
@@ -21,6 +22,7 @@ a vector at a time, instead of libm calls per lane (see the registration below).
 """
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 
@@ -43,6 +45,11 @@ os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 VECTOR = 16  # float32 lanes: two AVX2 registers, four NEON ones
+# A loop nest of fewer iterations than this runs on one thread: waking TVM's pool costs about
+# 1.5 us a launch here, more than splitting so little work saves. Measured against parallel
+# everywhere (one process, alternating): the host's mbv2_paper step 1.64 -> 1.46 ms, mbv2 full
+# 5.47 -> 5.03, llama_tiny transformer_paper 46.9 -> 46.1; thresholds 4096 to 65536 were alike.
+SERIAL_WORK = 16384
 
 
 def _f32(value: float, lanes: int = 1):
@@ -156,10 +163,12 @@ def _along_rows(block: tirx.Stmt, spatial_var, reduction_var) -> bool:
             and not any(_uses(index[-1], spatial_var) for index in along))
 
 
-def _parallel(sch: s_tir.Schedule, loops: list) -> None:
-    """The loops fused into one, run in parallel when it has more than one iteration."""
+def _parallel(sch: s_tir.Schedule, loops: list, block) -> None:
+    """The loops fused into one, run in parallel when it has more than one iteration and the
+    block's loop nest, ``loops`` and those inside them, has SERIAL_WORK iterations or more."""
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    if int(sch.get(fused).extent) > 1:
+    work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(block))
+    if int(sch.get(fused).extent) > 1 and work >= SERIAL_WORK:
         sch.parallel(fused)
 
 
@@ -169,11 +178,11 @@ def _schedule_rows(sch: s_tir.Schedule, block, spatial: list, reduction) -> None
     VECTOR partial results combined."""
     _, lanes = sch.split(reduction, [None, VECTOR])
     partial = sch.rfactor(lanes, factor_axis=len(spatial))  # lanes last: contiguous
-    _parallel(sch, sch.get_loops(partial)[:len(spatial)])
+    _parallel(sch, sch.get_loops(partial)[:len(spatial)], partial)
     _, outer, lanes = sch.get_loops(partial)
     sch.decompose_reduction(partial, outer)
     sch.unroll(lanes)  # LLVM vectorises the unrolled lanes (vectorize refuses a reduction)
-    _parallel(sch, sch.get_loops(block)[:len(spatial)])
+    _parallel(sch, sch.get_loops(block)[:len(spatial)], block)
 
 
 def _schedule_block(sch: s_tir.Schedule, block) -> str:
@@ -205,7 +214,7 @@ def _schedule_block(sch: s_tir.Schedule, block) -> str:
     outer = before + after
     sch.reorder(*outer, *reduction, inner)
     if outer:
-        _parallel(sch, outer)
+        _parallel(sch, outer, block)
     if reduction:
         sch.decompose_reduction(block, reduction[0])
     try:

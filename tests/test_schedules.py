@@ -9,7 +9,7 @@ import tvm
 from tvm import relax
 
 from pipelines.ir import tensor_type
-from pipelines.schedules import VECTOR, schedule_cpu_kernels
+from pipelines.schedules import SERIAL_WORK, VECTOR, schedule_cpu_kernels
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 
@@ -51,6 +51,20 @@ def test_scheduled_kernels_compute_the_same():
     assert "T.parallel" in scheduled.script() and "T.parallel" not in mod.script()
     np.testing.assert_allclose(_run(scheduled, args), want, rtol=1e-5, atol=1e-5)
     assert schedule_cpu_kernels(scheduled) == {}  # scheduled kernels are left alone
+
+
+def test_only_loop_nests_worth_waking_the_thread_pool_run_in_parallel():
+    from tvm import te, topi
+
+    def scheduled(shape):
+        x = te.placeholder(shape, "float32", name="x")
+        mod = tvm.IRModule({"main": te.create_prim_func([x, topi.exp(x)])})
+        assert schedule_cpu_kernels(mod) == {"spatial": 1}
+        return mod.script()
+
+    small, large = [VECTOR // 2, SERIAL_WORK // VECTOR], [VECTOR, SERIAL_WORK // VECTOR]
+    assert "T.parallel" not in scheduled(small) and "T.vectorized" in scheduled(small)
+    assert "T.parallel" in scheduled(large)
 
 
 def _kernels(dtype: str, scheduled: bool = False):
