@@ -45,7 +45,7 @@ os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 VECTOR = 16  # float32 lanes: two AVX2 registers, four NEON ones
-# A loop nest of fewer iterations than this runs on one thread: waking TVM's pool costs about
+# A loop nest of fewer iterations than this runs on one thread: waking TVM's pool costs 1 to
 # 1.5 us a launch here, more than splitting so little work saves. Measured against parallel
 # everywhere (one process, alternating): the host's mbv2_paper step 1.64 -> 1.46 ms, mbv2 full
 # 5.47 -> 5.03, llama_tiny transformer_paper 46.9 -> 46.1; thresholds 4096 to 65536 were alike.
