@@ -94,6 +94,16 @@ def open_database(directory: Path, create: bool = False):
                                     allow_missing=True)
 
 
+def open_databases(directories: list[Path]):
+    """One database in memory with every record ``directories`` hold: where several hold a
+    kernel, MetaSchedule ranks its records by run time, so the fastest one is applied."""
+    merged = ms.database.MemoryDatabase()
+    for directory in directories:
+        for record in open_database(directory).get_all_tuning_records():
+            copy_record(record, merged)
+    return merged
+
+
 def best_record(databases: list, func: tirx.PrimFunc):
     """The fastest record any of ``databases`` holds for ``func``, or None."""
     best, best_secs = None, float("inf")

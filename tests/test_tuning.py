@@ -13,8 +13,9 @@ import yaml
 from tvm.s_tir import meta_schedule as ms
 
 from pipelines.config import CONF, ConfigError, load_profile, tvm_target
-from pipelines.tuning import (PRETUNED, InProcessBuilder, computes_the_same, merge_databases,
-                              open_database, select_records, tunable_kernels, workload)
+from pipelines.tuning import (PRETUNED, InProcessBuilder, computes_the_same, copy_record,
+                              merge_databases, open_database, open_databases, select_records,
+                              tunable_kernels, workload)
 from stages.optimize.passes import optimize
 from stages.prune.prune import sparse_step
 from stages.prune.scheme import select
@@ -50,14 +51,17 @@ def test_committed_records_compute_what_the_default_schedules_compute(device):
         assert computes_the_same(mod["main"], target, database), mod["main"].script()[:400]
 
 
-@pytest.fixture(scope="module")
-def paper_step():
+def scheme_step(name: str):
     layers, full, signature = full_step(MODEL, OPT)
-    scheme = yaml.safe_load((CONF / "sparse" / "mbv2_paper.yaml").read_text())
+    scheme = yaml.safe_load((CONF / "sparse" / f"{name}.yaml").read_text())
     selection = select(scheme, layers)
     step, signature, _ = sparse_step(full, signature, selection)
-    return optimize(step, dict(signature, scheme="mbv2_paper"), reorder=True), signature, \
-        selection
+    return optimize(step, dict(signature, scheme=name), reorder=True), signature, selection
+
+
+@pytest.fixture(scope="module")
+def paper_step():
+    return scheme_step("mbv2_paper")
 
 
 def test_the_tune_stage_selects_the_same_bytes_twice(tmp_path, paper_step):
@@ -75,6 +79,33 @@ def test_the_tune_stage_selects_the_same_bytes_twice(tmp_path, paper_step):
     # Merging the committed database with itself changes nothing it holds.
     assert merge_databases([PRETUNED / "host", tmp_path / "a"], tmp_path / "merged",
                            TARGET) == len(committed_kernels())
+
+
+def test_databases_opened_together_apply_the_fastest_record_any_of_them_holds(tmp_path):
+    # What the schemes stage applies: the committed records and the tune stage's.
+    first, second = COMMITTED.get_all_tuning_records()[:2]
+    slower = ms.database.TuningRecord(first.trace, first.workload,
+                                      [float(s) * 10 for s in first.run_secs], first.target,
+                                      first.args_info)
+    for directory, records in (("slow", [slower, second]), ("fast", [first])):
+        database = open_database(tmp_path / directory, create=True)
+        for record in records:
+            copy_record(record, database)
+    merged = open_databases([tmp_path / "slow", tmp_path / "fast"])
+    top, = merged.get_top_k(merged.commit_workload(first.workload.mod), 1)
+    assert [float(s) for s in top.run_secs] == [float(s) for s in first.run_secs]
+    assert merged.query_schedule(second.workload.mod, target=TARGET,
+                                 workload_name="main") is not None
+
+
+def test_the_committed_host_records_cover_full_backpropagation_too(paper_step):
+    # The schemes stage times full BP beside the paper's scheme: the kernels only full BP
+    # has (the backward of the layers mbv2_paper freezes) were tuned too.
+    paper = {tvm_ffi.structural_hash(workload(func))
+             for func in tunable_kernels(paper_step[0]).values()}
+    only_full = [workload(func) for func in tunable_kernels(scheme_step("full")[0]).values()
+                 if tvm_ffi.structural_hash(workload(func)) not in paper]
+    assert only_full and any(COMMITTED.has_workload(mod) for mod in only_full)
 
 
 def test_equal_kernels_under_other_names_share_one_workload():

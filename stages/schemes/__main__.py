@@ -27,7 +27,7 @@ from pipelines.models import build_model
 from pipelines.progress import progress
 from pipelines.step import CompiledStep, load_initial, save_step
 from pipelines.torch_ref import accuracy, batches
-from pipelines.tuning import open_database
+from pipelines.tuning import PRETUNED, open_databases
 from stages.benchmark.__main__ import case_spec, run_isolated
 from stages.optimize.passes import optimize
 from stages.prune.__main__ import prune_scheme
@@ -69,7 +69,9 @@ def main() -> None:
     reorder = bool(require(params, "optimize.reorder_updates"))
     recomputed = require(params, "optimize.recompute") == "always"
     rows, spec = {}, case_spec(params, profile, {})
-    tuned_host = open_database(ARTIFACTS / "tune" / "host")  # as the host build applies it
+    # tune@host holds records for the host build's step only (the configured scheme); the
+    # committed database also holds those of every scheme tuned before (full BP among them).
+    tuned_host = open_databases([PRETUNED / "host", ARTIFACTS / "tune" / "host"])
     scratch = Path(tempfile.mkdtemp(prefix="pock-schemes-"))
     try:
         for scheme in progress(schemes, "schemes"):
