@@ -11,9 +11,13 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from pipelines.config import ConfigError
 from pipelines.images import engine
+from pipelines.models import build_model
+from pipelines.torch_ref import seed_everything
 
 ROOT = Path(__file__).resolve().parent.parent
 # Devices: the host, and a phone whose build is an archive it links itself (no toolchain or
@@ -82,6 +86,12 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
                  "text_task/exports/minilm_lora/adapter.pt",
                  "report.md", "plots/latency.svg", "plots/memory.json", "plots/finetune.svg"]:
         assert (repo / "artifacts" / path).is_file(), path
+    # Fine-tuning starts from the trained backbone and the head the model was initialised with.
+    seed_everything(0)
+    initial = build_model(yaml.safe_load((repo / "params.yaml").read_text())["model"])
+    handed = torch.load(repo / "artifacts/pretrain/weights.pt", weights_only=True)
+    assert all(torch.equal(handed[k], v) == k.startswith("classifier.")
+               for k, v in initial.state_dict().items() if v.is_floating_point())
     if docker:  # recorded, not a crash: the pipeline went on and the other devices ran
         assert {"benchmark@edge_x86", "package@host"} <= ran_stages(first)
         edge = json.loads((repo / "artifacts/benchmark/edge_x86.json").read_text())
