@@ -1,5 +1,5 @@
-"""The `pock` command line: compose the configuration, run the pipeline's phases through DVC,
-inspect schemes, gate on regressions.
+"""The `pock` command line: compose the configuration, run parts of the pipeline through DVC,
+inspect schemes, gate on regressions. Everything it builds or measures is a DVC stage, cached.
 
 Exit codes: 0 success; 1 a check failed (stale params.yaml, a metric regressed beyond its
 tolerance); 2 bad input (config, scheme, device, baseline) with a message naming the file and
@@ -11,7 +11,7 @@ import argparse
 import subprocess
 import sys
 
-from pipelines.config import ConfigError
+from pipelines.config import HOST, ConfigError
 
 EXIT_OK, EXIT_CHECK, EXIT_INPUT, EXIT_STAGE = 0, 1, 2, 3
 
@@ -33,59 +33,34 @@ def cmd_compose(args) -> int:
     return EXIT_OK
 
 
-def cmd_status(args) -> int:
-    """What DVC would rerun, and why (changed deps, params or outs)."""
-    return subprocess.call(["dvc", "status"])
-
-
-def _configured(overrides: list[str]) -> dict:
-    """params.yaml, or conf/ composed with ``overrides`` (in memory, nothing written)."""
-    import yaml
-
-    from pipelines.compose import compose_text
+def _params():
     from pipelines.config import load_params
 
-    return yaml.safe_load(compose_text(overrides)) if overrides else load_params()
+    return load_params()
 
 
-def cmd_scheme_show(args) -> int:
-    """Which parameters and channels each rule selects, and what the scheme saves."""
-    from pipelines.config import require
-    from stages.prune.__main__ import prune_scheme
-    from stages.prune.show import full_step, render
-
-    params = _configured(args.overrides)
-    scheme = require(params, "sparse")
-    layers, full, signature = full_step(require(params, "model"), require(params, "optimizer"),
-                                        scheme.get("lora"), int(params.get("seed", 0)))
-    print(render(scheme, layers, prune_scheme(scheme, layers, full, signature)[2]))
-    return EXIT_OK
+def _case(name: str | None) -> str:
+    """A configured case (default: the first deployed one), or a ConfigError listing them."""
+    params = _params()
+    name = name or (params.deploy or list(params.cases))[0]
+    if name not in params.cases:
+        raise ConfigError(f"params.yaml: no case {name!r}; cases: {sorted(params.cases)}")
+    return name
 
 
-def cmd_scheme_search(args) -> int:
-    """Measure candidates' contributions and choose a scheme under a memory budget."""
-    from stages.search.__main__ import cli
+def _devices(case: str, requested: list[str]) -> list[str]:
+    """The devices to act on: those asked for (each must be configured for the case)."""
+    from pipelines.config import PARAMS
+    from pipelines.profiles import load_profile
 
-    cli(args.budget_mb, args.name)
-    return EXIT_OK
-
-
-def _configured_devices() -> list[str]:
-    from pipelines.config import load_params, require
-
-    return list(require(load_params(), "devices"))
-
-
-def _devices(requested: list[str]) -> list[str]:
-    """The devices to act on: those asked for (each must be configured), else all configured."""
-    from pipelines.config import PARAMS, load_profile
-
-    configured = _configured_devices()
+    params = _params()
+    configured = [HOST, *(params.devices if case in params.deploy else [])]
     for device in requested:
-        load_profile(device)  # an unknown name lists the profiles
+        load_profile(device, params.profiles)  # an unknown name lists the profiles
         if device not in configured:
-            raise ConfigError(f"{PARAMS}: devices={configured} does not include {device!r}; "
-                              f"add it: pock compose 'devices=[{','.join(configured + [device])}]'")
+            raise ConfigError(f"{PARAMS}: case {case!r} is built for {configured}, not {device!r};"
+                              f" add it: pock compose 'devices=[{','.join(params.devices + [device])}]'"
+                              f" 'deploy=[{','.join(sorted({*params.deploy, case}))}]'")
     return requested or configured
 
 
@@ -93,48 +68,101 @@ def _repro(targets: list[str]) -> int:
     return EXIT_OK if subprocess.call(["dvc", "repro", *targets]) == 0 else EXIT_STAGE
 
 
-def cmd_build(args) -> int:
-    """Compile the training step for devices (dvc repro build@<device>: cached when nothing
-    changed)."""
-    return _repro([f"build@{d}" for d in _devices(args.devices)])
+def _stage(kind: str, case: str, device: str) -> str:
+    """The DVC stage of ``kind`` (tune, build) for a case on a device."""
+    return f"{kind}@{case}" if device == HOST else f"device_{kind}@{case}-{device}"
 
 
-def cmd_pretuned(args) -> int:
-    """Merge the tune stage's records for a device into its committed, pre-tuned database."""
-    from pipelines.artifacts import ARTIFACTS
-    from pipelines.config import resolved_profile, tvm_target
-    from pipelines.tuning import PRETUNED, WORKLOADS, merge_databases
+def cmd_status(args) -> int:
+    """What DVC would rerun, and why (changed deps, params or outs)."""
+    return subprocess.call(["dvc", "status"])
 
-    from stages.workloads.__main__ import DEVICE as WORKLOADS_DEVICE
 
-    tuned = [ARTIFACTS / "tune" / args.device]
-    if args.device == WORKLOADS_DEVICE:  # the profile the workloads' steps are built on
-        tuned.append(ARTIFACTS / "tune_workloads")
-    tuned = [directory for directory in tuned if (directory / WORKLOADS).exists()]
-    if not tuned:
-        raise ConfigError(f"{ARTIFACTS / 'tune' / args.device}: no tuning database; run "
-                          f"`dvc repro tune@{args.device}` with the profile's tune.trials above "
-                          f"0 first")
-    count = merge_databases([PRETUNED / args.device, *tuned], PRETUNED / args.device,
-                            tvm_target(resolved_profile(args.device)))
-    print(f"{PRETUNED / args.device}: {count} kernels with a tuned schedule; commit it")
+def cmd_scheme_show(args) -> int:
+    """Which parameters and channels each rule selects, and what the scheme saves."""
+    import yaml
+
+    from pipelines.io import read_json
+    from pipelines.layout import case_dir, metrics_path
+    from pipelines.report.scheme import render_scheme
+
+    case = _case(args.case)
+    code = _repro([f"prune@{case}"])
+    if code:
+        return code
+    rules = yaml.safe_load((case_dir(case, "prune") / "scheme.yaml").read_text())["rules"]
+    print(render_scheme(case, rules, read_json(case_dir(case, "autodiff") / "layers.json"),
+                        read_json(metrics_path("prune", case))))
     return EXIT_OK
 
 
-def cmd_bench(args) -> int:
-    """Benchmark the compiled step against PyTorch on devices, then print the ratios."""
-    import json
+def cmd_scheme_search(args) -> int:
+    """Run a case whose scheme searches (prune@<case>) and keep what it found as a named
+    scheme, conf/sparse/<name>.yaml."""
+    from pipelines.config import CONF
+    from pipelines.io import write_text_atomic
+    from pipelines.layout import case_dir
 
-    from pipelines.artifacts import ARTIFACTS
-
-    devices = _devices(args.devices)
-    code = _repro([f"benchmark@{d}" for d in devices])
+    case = _case(args.case)
+    if _params().schemes[_params().cases[case].scheme].search is None:
+        raise ConfigError(f"params.yaml: case {case!r} has a scheme of rules, not a search; a "
+                          "searching scheme: conf/sparse/searched.yaml")
+    code = _repro([f"prune@{case}"])
     if code:
         return code
-    from stages.benchmark.__main__ import summary
+    found = (case_dir(case, "prune") / "scheme.yaml").read_text()
+    target = CONF / "sparse" / f"{args.name}.yaml"
+    write_text_atomic(target, f"# Found by the search of case {case} (`pock scheme search`).\n"
+                      + found)
+    print(f"wrote {target}; add `- sparse@schemes.{args.name}: {args.name}` to "
+          "conf/config.yaml's defaults to use it in a case")
+    return EXIT_OK
 
+
+def cmd_build(args) -> int:
+    """Compile a case's training step for devices (cached when nothing changed)."""
+    case = _case(args.case)
+    return _repro([_stage("build", case, d) for d in _devices(case, args.devices)])
+
+
+def cmd_bench(args) -> int:
+    """Evaluate a case on the host against PyTorch and run it on its devices; print a line
+    each."""
+    from pipelines.evaluate.device import summary
+    from pipelines.io import read_json
+    from pipelines.layout import metrics_path
+
+    case = _case(args.case)
+    devices = [d for d in _devices(case, args.devices) if d != HOST]
+    code = _repro([f"evaluate@{case}", *(f"benchmark@{case}-{d}" for d in devices)])
+    if code:
+        return code
+    speed = read_json(metrics_path("evaluate", case)).get("speed")
+    if speed:
+        print(f"{case} host: compiled {speed['compiled']['median_ms']:.2f} ms/step; "
+              + ", ".join(f"{v:.2f}x {k.removeprefix('speedup_vs_')}" for k, v in speed.items()
+                          if k.startswith("speedup_vs_")))
     for device in devices:
-        print(summary(json.loads((ARTIFACTS / "benchmark" / f"{device}.json").read_text())))
+        print(summary(read_json(metrics_path("benchmark", f"{case}-{device}"))))
+    return EXIT_OK
+
+
+def cmd_pretuned(args) -> int:
+    """Merge the tune stages' records for a device into its committed, pre-tuned database."""
+    from pipelines.backend.tuning import PRETUNED, WORKLOADS, merge_databases
+    from pipelines.io import ARTIFACTS, ROOT
+    from pipelines.profiles import resolved_profile, tvm_target
+
+    tuned = sorted(d for d in (ARTIFACTS / "cases").glob(f"*/{args.device}/tune")
+                   if (d / WORKLOADS).exists())
+    if not tuned:
+        raise ConfigError(f"{ARTIFACTS / 'cases'}: no tuning database for {args.device!r}; run "
+                          f"the tune stages with the profile's tune.trials above 0 first, e.g. "
+                          f"pock compose +profiles.{args.device}.tune.trials=2000 && dvc repro")
+    committed = ROOT / PRETUNED / args.device
+    count = merge_databases([committed, *tuned], committed,
+                            tvm_target(resolved_profile(args.device)))
+    print(f"{committed}: {count} kernels with a tuned schedule; commit it")
     return EXIT_OK
 
 
@@ -144,10 +172,12 @@ def cmd_setup(args) -> int:
     where none answers."""
     import shutil
 
-    from pipelines.config import load_profile
-    from pipelines.emulation import emulation_root, root_is_ready, setup_root
+    from pipelines.profiles import load_profile
+    from pipelines.runtime.emulation import emulation_root, root_is_ready, setup_root
 
-    profiles = [load_profile(d) for d in _devices(args.devices)]
+    params = _params()
+    names = args.devices or [HOST, *params.devices, *params.package.devices]
+    profiles = [load_profile(d, params.profiles) for d in dict.fromkeys(names)]
     needed = {}  # tool -> the Debian package that provides it
     for profile in profiles:
         if profile["toolchain"].get("cc") and profile["toolchain"].get("package"):
@@ -155,7 +185,7 @@ def cmd_setup(args) -> int:
         if profile["runner"] == "emulated":
             needed.update({profile["emulation"]["qemu"]: "qemu-user-static",
                            "mmdebstrap": "mmdebstrap"})
-        if profile["runner"] == "docker":
+        if profile["runner"] == "docker" or profile["name"] in params.package.devices:
             needed.update({"dockerd": "docker.io", "mmdebstrap": "mmdebstrap"})
     packages = sorted({package for tool, package in needed.items() if not shutil.which(tool)})
     if packages:
@@ -172,8 +202,8 @@ def cmd_setup(args) -> int:
             root = emulation_root(profile)
             if not root_is_ready(root):
                 print(f"emulation root for {profile['name']}: {setup_root(profile, root)}")
-    if any(profile["runner"] == "docker" for profile in profiles):
-        from pipelines.images import start_engine
+    if "dockerd" in needed:
+        from pipelines.runtime.images import start_engine
 
         print(f"docker: {start_engine()}")
     return EXIT_OK
@@ -181,8 +211,8 @@ def cmd_setup(args) -> int:
 
 def cmd_emulation_setup(args) -> int:
     """Make the root an emulated device's step runs in (profile's emulation.root)."""
-    from pipelines.config import load_profile
-    from pipelines.emulation import emulation_root, setup_root
+    from pipelines.profiles import load_profile
+    from pipelines.runtime.emulation import emulation_root, setup_root
 
     profile = load_profile(args.device)
     if not profile.get("emulation"):
@@ -202,22 +232,13 @@ def cmd_report(args) -> int:
     return code
 
 
-def _gate_inputs(args) -> tuple[list, str, None]:
-    """(rules, baseline revision, repository directory: None for this one)."""
-    from pipelines.config import load_params, require
-    from pipelines.regress import check_rules
-
-    params = load_params()
-    return (check_rules(require(params, "regress.rules")),
-            args.baseline or require(params, "regress.baseline"), None)
-
-
 def cmd_regress(args) -> int:
     """Current metrics against the baseline revision's, with the tolerances of regress.rules."""
-    from pipelines.regress import gate, metrics_diff, render
+    from pipelines.evaluate.regress import gate, metrics_diff, render
 
-    rules, baseline, repo = _gate_inputs(args)
-    verdicts = gate(metrics_diff(baseline, cwd=repo), rules)
+    params = _params()
+    baseline = args.baseline or params.regress.baseline
+    verdicts = gate(metrics_diff(baseline), params.regress.rules)
     if not any(v["baseline"] is not None for v in verdicts):
         raise ConfigError(f"baseline {baseline!r} holds none of the metrics regress.rules name; "
                           "commit metrics files (`dvc repro`, then `git add artifacts`) or pass "
@@ -232,48 +253,44 @@ def cmd_regress(args) -> int:
     return EXIT_CHECK if failed else EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pock", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="pock", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="command", required=True)
     p = sub.add_parser("compose", help="compose conf/ (+ Hydra overrides) into params.yaml")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. sparse=full model.width=0.5")
+    p.add_argument("overrides", nargs="*",
+                   help="Hydra overrides, e.g. experiment=ci_lane cases.mbv2.scheme=full")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if params.yaml differs from conf/ composed without overrides")
     p.set_defaults(func=cmd_compose)
     p = sub.add_parser("status", help="which stages are stale and why (dvc status)")
     p.set_defaults(func=cmd_status)
-    p = sub.add_parser("scheme", help="inspect sparse-update schemes or search for one")
+    p = sub.add_parser("scheme", help="inspect a case's scheme, or keep what a search found")
     scheme = p.add_subparsers(dest="scheme_command", required=True)
-    q = scheme.add_parser("show", help="what the configured scheme selects (per rule, with "
-                                       "channels) and its backward FLOPs and memory vs full BP")
-    q.add_argument("overrides", nargs="*",
-                   help="Hydra overrides to show another configuration, e.g. sparse=tiny_budget")
+    q = scheme.add_parser("show", help="what the case's scheme selects (per rule, with channels) "
+                                       "and its backward FLOPs and memory vs full BP "
+                                       "(dvc repro prune@<case>)")
+    q.add_argument("case", nargs="?", help="a case of params.yaml (default: the first deployed)")
     q.set_defaults(func=cmd_scheme_show)
-    q = scheme.add_parser("search", help="choose layers and channel ratios under a memory "
-                                         "budget from measured contributions; writes "
-                                         "conf/sparse/<name>.yaml (needs `dvc repro autodiff`)")
-    q.add_argument("--budget-mb", type=float, default=None,
-                   help="parameter gradients + optimizer state + saved activations, in MiB "
-                        "(default: search.budget_mb)")
-    q.add_argument("--name", default=None, help="scheme name (default: search.name)")
+    q = scheme.add_parser("search", help="run a case whose scheme searches under a memory budget "
+                                         "and write what it found to conf/sparse/<name>.yaml")
+    q.add_argument("case", nargs="?", help="a case with a searching scheme")
+    q.add_argument("--name", default="found", help="the scheme's name (default: found)")
     q.set_defaults(func=cmd_scheme_search)
-    p = sub.add_parser("build", help="compile the training step per device (dvc repro "
-                                     "build@<device>)")
-    p.add_argument("devices", nargs="*", help="device profiles (default: params.yaml devices)")
-    p.set_defaults(func=cmd_build)
-    p = sub.add_parser("pretuned", help="merge artifacts/tune/<device> (for host also "
-                                        "artifacts/tune_workloads) into the committed "
+    for name, func, what in (("build", cmd_build, "compile a case's training step per device"),
+                             ("bench", cmd_bench, "evaluate a case against PyTorch on the host "
+                                                  "and run it on its devices")):
+        p = sub.add_parser(name, help=f"{what} (through DVC, cached)")
+        p.add_argument("case", nargs="?", help="a case (default: the first deployed)")
+        p.add_argument("devices", nargs="*", help="device profiles (default: all the case's)")
+        p.set_defaults(func=func)
+    p = sub.add_parser("pretuned", help="merge artifacts/cases/*/<device>/tune into the committed "
                                         "device_profiles/tuned/<device>")
-    p.add_argument("device", help="a device profile whose tune stage has run")
+    p.add_argument("device", help="a device profile whose tune stages have tuned")
     p.set_defaults(func=cmd_pretuned)
-    p = sub.add_parser("bench", help="benchmark compiled vs PyTorch per device (dvc repro "
-                                     "benchmark@<device>) and print the ratios")
-    p.add_argument("devices", nargs="*", help="device profiles (default: params.yaml devices)")
-    p.set_defaults(func=cmd_bench)
-    p = sub.add_parser("setup", help="install the toolchains and emulation roots the configured "
-                                     "devices need (Debian packages: run as root)")
-    p.add_argument("devices", nargs="*", help="device profiles (default: params.yaml devices)")
+    p = sub.add_parser("setup", help="install the toolchains, emulation roots and Docker engine "
+                                     "the configured devices need (Debian packages: as root)")
+    p.add_argument("devices", nargs="*", help="device profiles (default: every configured one)")
     p.set_defaults(func=cmd_setup)
     p = sub.add_parser("emulation", help="emulated devices (qemu user mode)")
     q = p.add_subparsers(dest="action", required=True).add_parser(
@@ -289,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", default=None,
                    help="git revision holding the baseline metrics (default: regress.baseline)")
     p.set_defaults(func=cmd_regress)
-    args = parser.parse_args(argv)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as err:

@@ -1,239 +1,369 @@
-"""Reading the composed configuration (params.yaml) and device profiles, with clear errors.
+"""The configuration every stage reads: params.yaml (composed from conf/ by Hydra: `pock compose`
+or `dvc exp run -S ...`), checked against the schema below before any artifact moves.
 
-Stage code reads params.yaml, never Hydra directly: DVC tracks params.yaml keys per stage.
+A wrong type, an unknown key or a name that refers to nothing is a ``ConfigError`` naming the key,
+the conf/ file it came from and what is allowed. Stages exit 2 on it (``run_stage``).
+
+params.yaml holds:
+    models      name -> Model        conf/model/<name>.yaml, the ones the experiment uses
+    schemes     name -> Scheme       conf/sparse/<name>.yaml, every one
+    optimizers  name -> Optimizer    conf/optimizer/<name>.yaml, every one
+    cases       name -> Case         conf/experiment/<name>.yaml: what the chain compiles
+    deploy, devices                  the cases built for each device besides the host
+    optimize, benchmark, package, regress, profiles, seed   conf/config.yaml
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Annotated, Any, Literal, Union
 
 import yaml
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
+                      PositiveFloat, PositiveInt, ValidationError, model_validator)
 
-from pipelines.artifacts import ROOT
+from pipelines.io import ROOT
 
 PARAMS = ROOT / "params.yaml"
 CONF = ROOT / "conf"
-PROFILES = ROOT / "device_profiles"
+HOST = "host"
+# Case, model and device names become DVC stage names (`build@<case>`, `tune@<case>-<device>`)
+# and paths: no dots (params keys), dashes (matrix names) or slashes.
+NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
 class ConfigError(Exception):
     """Bad user input: the message names the file, the key and what is allowed."""
 
 
-def load_params(path: Path = PARAMS) -> dict:
-    if not Path(path).exists():
+class Strict(BaseModel):
+    """A config section: unknown keys are errors that list the allowed ones."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = set(data) - set(cls.model_fields)
+            if unknown:
+                raise ValueError(f"unknown keys {sorted(unknown)}; allowed: "
+                                 f"{sorted(cls.model_fields)}")
+        return data
+
+
+Kind = Literal["conv", "conv_pointwise", "conv_depthwise", "linear", "norm", "embedding", "other"]
+
+
+class Rule(Strict):
+    """One rule of a scheme (pipelines/training/scheme.py says how rules select)."""
+
+    name: str | None = None
+    modules: list[str] | None = None
+    kinds: list[Kind] | None = None
+    blocks: dict[Literal["first", "last"], PositiveInt] | None = None
+    update: Literal["weight", "bias", "both"] = "both"
+    channels: PositiveFloat | list[NonNegativeInt] | None = None
+    axis: Literal["output", "input"] = "output"
+
+
+class LoRA(Strict):
+    """Rank-r adapters beside linear projections (pipelines/training/lora.py)."""
+
+    rank: PositiveInt
+    alpha: PositiveFloat | None = None  # default: rank (scale 1)
+    modules: list[str] = Field(min_length=1)
+    export: Literal["separate", "merged"] = "separate"
+
+    @property
+    def scale(self) -> float:
+        return (self.alpha or self.rank) / self.rank
+
+
+class Search(Strict):
+    """Search a scheme under a memory budget (pipelines/training/search.py)."""
+
+    budget_mb: PositiveFloat
+    base: list[Rule]
+    kinds: list[Kind]
+    blocks: dict[Literal["first", "last"], PositiveInt] | None = None
+    ratios: list[Annotated[float, Field(gt=0, le=1)]] = Field(min_length=1)
+    steps: PositiveInt
+
+
+class Scheme(Strict):
+    """What fine-tuning updates: rules, or a search that finds them; optionally LoRA adapters."""
+
+    rules: list[Rule] = []
+    lora: LoRA | None = None
+    search: Search | None = None
+
+    @model_validator(mode="after")
+    def _rules_or_search(self):
+        if bool(self.rules) == bool(self.search):
+            raise ValueError("a scheme has rules, or a search that finds them (search:), not "
+                             "both and not neither")
+        return self
+
+
+class SGD(Strict):
+    """torch.optim.SGD (dampening 0)."""
+
+    kind: Literal["sgd"]
+    lr: PositiveFloat
+    momentum: NonNegativeFloat = 0.0
+    nesterov: bool = False
+    weight_decay: NonNegativeFloat = 0.0
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self):
+        if self.nesterov and not self.momentum:
+            raise ValueError("nesterov needs momentum > 0")
+        return self
+
+
+class Adam(Strict):
+    """torch.optim.Adam, or AdamW (decoupled weight decay)."""
+
+    kind: Literal["adam", "adamw"]
+    lr: PositiveFloat
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (
+        0.9, 0.999)
+    eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.0
+
+
+Optimizer = Annotated[Union[SGD, Adam], Field(discriminator="kind")]
+
+
+class Digits(Strict):
+    """scikit-learn's digits, upsampled: pre-train on some classes, fine-tune on the others."""
+
+    kind: Literal["digits"]
+    image_size: PositiveInt
+    channels: PositiveInt
+    pretrain_classes: list[NonNegativeInt] = Field(min_length=1)
+    finetune_classes: list[NonNegativeInt] = Field(min_length=1)
+    test_fraction: Annotated[float, Field(gt=0, lt=1)]
+
+
+class Sentences(Strict):
+    """Synthetic review sentences with a sentiment label (pipelines/data/sentences.py)."""
+
+    kind: Literal["sentences"]
+    seq_len: PositiveInt
+    train_sentences: PositiveInt
+    test_sentences: PositiveInt
+
+
+class Tokens(Strict):
+    """Seeded random tokens and next-token labels: synthetic, for speed only."""
+
+    kind: Literal["tokens"]
+    vocab: PositiveInt
+    seq_len: PositiveInt
+    examples: PositiveInt
+
+
+Data = Annotated[Union[Digits, Sentences, Tokens], Field(discriminator="kind")]
+
+
+class Pretrain(Strict):
+    """PyTorch pre-training on the data's pretrain split (SGD), before any case fine-tunes."""
+
+    epochs: PositiveInt
+    batch_size: PositiveInt
+    lr: PositiveFloat
+    momentum: NonNegativeFloat = 0.0
+    weight_decay: NonNegativeFloat = 0.0
+    keep_initial: list[str] = []  # module patterns left at their initial values (a new head)
+    kind: Literal["sgd"] = "sgd"  # read as an optimizer (models/torch_twin.py)
+    nesterov: bool = False
+
+
+class Finetune(Strict):
+    epochs: PositiveInt
+
+
+class Model(Strict):
+    """Where a model comes from and what it is trained on (conf/model/<name>.yaml)."""
+
+    frontend: Literal["torch", "onnx", "jax", "keras"]
+    source: str  # a file, relative to the repository root
+    entry: str | None = None  # torch, jax: the function in ``source`` that builds the model
+    kwargs: dict[str, Any] = {}  # passed to ``entry``
+    batch_size: PositiveInt
+    data: Data | None = None  # none: the model is compiled and timed, not trained on data
+    pretrain: Pretrain | None = None
+    finetune: Finetune | None = None
+    blocks: list[str] = []  # module-path patterns of the repeated blocks (files' models)
+
+    @model_validator(mode="after")
+    def _entry(self):
+        if self.frontend in ("torch", "jax") and not self.entry:
+            raise ValueError(f"frontend {self.frontend} needs entry: the function in source "
+                             "that builds the model")
+        return self
+
+
+class OptimizeOverride(Strict):
+    reorder_updates: bool | None = None
+    recompute: Literal["never", "auto", "always"] | None = None
+
+
+class Case(Strict):
+    """One thing the chain compiles: a model, a scheme and an optimizer."""
+
+    model: str
+    scheme: str
+    optimizer: str
+    lr: PositiveFloat | None = None  # instead of the optimizer's
+    optimize: OptimizeOverride | None = None  # instead of the global `optimize`
+    # what evaluate@<case> measures: speed and memory against PyTorch; fine-tuning quality
+    evaluate: list[Literal["speed", "finetune"]] = ["speed"]
+
+
+class Optimize(Strict):
+    reorder_updates: bool
+    recompute: Literal["never", "auto", "always"]
+
+
+Peer = Literal["torch_eager_full", "torch_eager_frozen", "torch_compile_full"]
+
+
+class Benchmark(Strict):
+    warmup: NonNegativeInt
+    steps: PositiveInt
+    peers: list[Peer]  # PyTorch cases timed beside the compiled step, in the same run
+
+
+class Package(Strict):
+    devices: list[str]
+    trial_steps: PositiveInt
+
+
+class RegressRule(Strict):
+    metrics: str  # a glob over "<file>:<dotted key>"
+    better: Literal["higher", "lower"]
+    rel: NonNegativeFloat | None = None
+    abs: NonNegativeFloat | None = None
+
+    @model_validator(mode="after")
+    def _one_tolerance(self):
+        if (self.rel is None) == (self.abs is None):
+            raise ValueError("give exactly one of rel (fraction of the baseline) or abs "
+                             "(metric units)")
+        return self
+
+
+class Regress(Strict):
+    baseline: str
+    rules: list[RegressRule] = Field(min_length=1)
+
+
+class Params(Strict):
+    seed: int
+    models: dict[str, Model]
+    schemes: dict[str, Scheme]
+    optimizers: dict[str, Optimizer]
+    cases: dict[str, Case] = Field(min_length=1)
+    devices: list[str]
+    deploy: list[str]
+    profiles: dict[str, dict[str, Any]] = {}
+    optimize: Optimize
+    benchmark: Benchmark
+    package: Package
+    regress: Regress
+
+    @model_validator(mode="after")
+    def _references(self):
+        def named(what: str, names) -> None:
+            for name in names:
+                if not NAME.match(name):
+                    raise ValueError(f"{what} name {name!r}: allowed: letters, digits and _, "
+                                     "starting with a letter")
+
+        named("case", self.cases)
+        named("model", self.models)
+        named("device", self.devices)
+        for name, case in self.cases.items():
+            for key, table in (("model", self.models), ("scheme", self.schemes),
+                               ("optimizer", self.optimizers)):
+                if getattr(case, key) not in table:
+                    raise ValueError(f"cases.{name}.{key}={getattr(case, key)!r}; allowed: "
+                                     f"{sorted(table)}")
+            model = self.models[case.model]
+            if "finetune" in case.evaluate and (model.finetune is None or model.data is None
+                                                or model.data.kind == "tokens"):
+                raise ValueError(f"cases.{name}.evaluate has finetune, but model {case.model!r} "
+                                 "has no fine-tuning task (finetune: and data with a test split)")
+        for name in self.deploy:
+            if name not in self.cases:
+                raise ValueError(f"deploy names {name!r}; allowed: {sorted(self.cases)}")
+        if HOST in self.devices:
+            raise ValueError(f"devices lists {HOST!r}: every case is built for the host already; "
+                             "devices are the others the deploy cases are built for")
+        for device in self.package.devices:
+            if device != HOST and device not in self.devices:
+                raise ValueError(f"package.devices has {device!r}, which is not built; allowed: "
+                                 f"{[HOST, *self.devices]}")
+        return self
+
+
+def case_optimizer(params: Params, case: Case):
+    """The case's optimizer, at its own learning rate if it sets one."""
+    optimizer = params.optimizers[case.optimizer]
+    return optimizer.model_copy(update={"lr": case.lr}) if case.lr else optimizer
+
+
+def case_optimize(params: Params, case: Case) -> Optimize:
+    """The global `optimize` settings with the case's own on top."""
+    if case.optimize is None:
+        return params.optimize
+    own = {k: v for k, v in case.optimize.model_dump().items() if v is not None}
+    return params.optimize.model_copy(update=own)
+
+
+# The conf/ file a key of params.yaml comes from, for error messages.
+_ORIGINS = {"models": "conf/model/{}.yaml", "schemes": "conf/sparse/{}.yaml",
+            "optimizers": "conf/optimizer/{}.yaml"}
+
+
+def _explain(error: ValidationError, source: Path) -> ConfigError:
+    lines = []
+    for item in error.errors():
+        loc = [str(part) for part in item["loc"]
+               if not (isinstance(part, str) and part in ("SGD", "Adam", "digits", "sentences",
+                                                          "tokens", "sgd", "adam", "adamw"))]
+        key = ".".join(loc) or "(top level)"
+        origin = (_ORIGINS[loc[0]].format(loc[1]) if loc and loc[0] in _ORIGINS and len(loc) > 1
+                  else "conf/experiment" if loc and loc[0] in ("cases", "deploy", "devices")
+                  else "conf/config.yaml")
+        message = item["msg"].removeprefix("Value error, ")
+        value = item.get("input")
+        shown = f"={value!r}" if not isinstance(value, dict) and item["type"] != "missing" else ""
+        lines.append(f"{source.name}: {key}{shown} (from {origin}): {message}")
+    return ConfigError("\n".join(lines))
+
+
+def validate(data: dict, source: Path = PARAMS) -> Params:
+    try:
+        return Params.model_validate(data)
+    except ValidationError as error:
+        raise _explain(error, Path(source)) from None
+
+
+def load_params(path: Path = PARAMS) -> Params:
+    """params.yaml, checked against the schema."""
+    path = Path(path)
+    if not path.exists():
         raise ConfigError(f"{path}: not found; run `pock compose` to write it from conf/")
-    with open(path) as handle:
-        return yaml.safe_load(handle)
-
-
-def require(cfg: dict, dotted: str, source: str | Path = PARAMS):
-    """cfg['a']['b'] for 'a.b', or a ConfigError naming the file and the missing key."""
-    node = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise ConfigError(f"{source}: missing key '{dotted}'")
-        node = node[part]
-    return node
-
-
-def choose(value, allowed, key: str, source: str | Path = PARAMS):
-    if value not in allowed:
-        raise ConfigError(f"{source}: {key}={value!r} is not one of {sorted(allowed)}")
-    return value
-
-
-def load_conf_entry(group: str, name: str, key: str, source: str | Path = PARAMS) -> dict:
-    """conf/<group>/<name>.yaml, which ``key`` of ``source`` named; a clear error if none."""
-    path = CONF / group / f"{name}.yaml"
-    if not path.exists():
-        available = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ConfigError(f"{source}: {key} names {name!r}; allowed: {available} "
-                          f"(files in {path.parent})")
-    return yaml.safe_load(path.read_text())
-
-
-def available_profiles(overrides: dict | None = None) -> list[str]:
-    """Profile files, plus boards derived in params.yaml's ``profiles`` with ``extends``."""
-    derived = [n for n, o in (overrides or {}).items() if isinstance(o, dict) and "extends" in o]
-    return sorted({p.stem for p in PROFILES.glob("*.yaml")} | set(derived))
-
-
-PROFILE_KEYS = {"name", "description", "extends", "target", "host", "cores", "memory_mb",
-                "memory_budget_mb", "runner", "toolchain", "remote", "emulation", "docker", "tune"}
-# local: this machine; rpc: a TVM RPC tracker's server; emulated: qemu user mode here; docker:
-# this machine's CPU in a container limited to the profile's cores and memory; none: built only
-# (nothing here reaches the device, or it links the archive itself).
-RUNNERS = {"local", "rpc", "emulated", "docker", "none"}
-# shared: a library linked here (.so); archive: object files the device links itself (.tar).
-OUTPUTS = {"shared", "archive"}
-
-
-def _merge(base: dict, over: dict) -> dict:
-    """``over`` on top of ``base``; nested dicts merge, anything else is replaced."""
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            value = _merge(merged[key], value)
-        merged[key] = value
-    return merged
-
-
-def _profile_layers(name: str, overrides: dict, chain: tuple) -> tuple[dict, str]:
-    """The profile ``name`` with ``extends`` followed, before validation; and where it came
-    from (for errors)."""
-    if name in chain:
-        raise ConfigError(f"{PROFILES}: profiles extend each other in a cycle: "
-                          f"{' -> '.join(chain + (name,))}")
-    path, override = PROFILES / f"{name}.yaml", overrides.get(name) or {}
-    if not isinstance(override, dict):
-        raise ConfigError(f"{PARAMS}: profiles.{name} must be a mapping of profile keys")
-    if not path.exists() and "extends" not in override:
-        raise ConfigError(f"devices: {name!r} has no profile; allowed: "
-                          f"{available_profiles(overrides)} (files in {PROFILES}/, or a board "
-                          f"derived with +profiles.{name}.extends=<profile>)")
-    profile = {}
-    if path.exists():
-        with open(path) as handle:
-            profile = yaml.safe_load(handle) or {}
-    profile = _merge(profile, override)
-    source = f"{path}" + (f" with profiles.{name} from {PARAMS.name}" if override else "")
-    if "extends" in profile:
-        base, _ = _profile_layers(profile.pop("extends"), overrides, chain + (name,))
-        profile = _merge(base, profile)
-    profile["name"] = name
-    return profile, source
-
-
-def load_profile(name: str, overrides: dict | None = None) -> dict:
-    """The device profile ``name``: device_profiles/<name>.yaml, following ``extends`` (a board
-    derived from another), with params.yaml's ``profiles.<name>`` merged on top (Hydra
-    overrides land there); checked, so a bad key or value is named with its allowed values."""
-    if overrides is None:
-        overrides = (load_params().get("profiles") or {}) if PARAMS.exists() else {}
-    profile, path = _profile_layers(name, overrides, ())
-    unknown = set(profile) - PROFILE_KEYS
-    if unknown:
-        raise ConfigError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(PROFILE_KEYS)}")
-    for key in ("target", "cores", "memory_mb", "runner"):
-        require(profile, key, path)
-    for key in ("target", "host"):
-        if key == "target" or profile.get("host") is not None:
-            if not isinstance(profile[key], dict) or "kind" not in profile[key]:
-                raise ConfigError(f"{path}: '{key}' must be a TVM target dict with a 'kind', "
-                                  "e.g. {kind: llvm, mtriple: aarch64-linux-gnu, mcpu: cortex-a72}")
-    choose(profile["runner"], RUNNERS, "runner", path)
-    toolchain = profile["toolchain"] = profile.get("toolchain") or {}
-    choose(toolchain.setdefault("output", "shared"), OUTPUTS, "toolchain.output", path)
-    for key in ("memory_mb", "memory_budget_mb"):
-        value = profile.get(key)
-        if value is not None and (not isinstance(value, (int, float)) or value <= 0):
-            raise ConfigError(f"{path}: {key}={value!r}; allowed: a positive number of MiB")
-    check_tune(profile, path)
-    if profile["runner"] == "rpc":
-        for key in ("remote.tracker", "remote.key"):
-            require(profile, key, path)
-        host, _, port = str(profile["remote"]["tracker"]).rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"{path}: remote.tracker={profile['remote']['tracker']!r}; "
-                              "allowed: HOST:PORT of a TVM RPC tracker, e.g. 127.0.0.1:9190")
-    if profile["runner"] == "emulated":
-        for key in ("emulation.qemu", "emulation.root"):
-            require(profile, key, path)
-    if toolchain["output"] == "archive" and profile["runner"] in ("local", "emulated", "docker"):
-        raise ConfigError(f"{path}: runner={profile['runner']!r} needs a library linked here, "
-                          "but toolchain.output='archive'; allowed with an archive: "
-                          "['none', 'rpc'] (the device links it)")
-    if profile["runner"] == "docker":
-        import platform
-
-        if profile["target"]["kind"] != "llvm" or cpu_architecture(profile) != platform.machine():
-            raise ConfigError(f"{path}: runner='docker' runs the build on this machine's CPU "
-                              f"({platform.machine()}), but target is {profile['target']}; "
-                              "allowed: an llvm target with mtriple "
-                              f"{platform.machine()}-linux-gnu (for another CPU: emulated, rpc "
-                              "or none)")
-    return profile
-
-
-def runs_here(profile: dict) -> bool:
-    """Whether the device's CPU code runs on this machine's CPU, so that kernels can be timed
-    here for it: runner local, or docker (a container on this machine's CPU, which its
-    benchmark times too; load_profile holds its target to this machine's architecture)."""
-    return profile["runner"] in ("local", "docker") and profile["target"]["kind"] == "llvm"
-
-
-def check_tune(profile: dict, path) -> None:
-    """``tune.trials``: MetaSchedule trials the tune stage runs for this device (default 0:
-    only the committed pre-tuned records). Tuning times candidates here (runs_here)."""
-    tune = profile["tune"] = {"trials": 0, **(profile.get("tune") or {})}
-    unknown = set(tune) - {"trials"}
-    if unknown:
-        raise ConfigError(f"{path}: unknown keys {sorted('tune.' + k for k in unknown)}; "
-                          "allowed: ['tune.trials']")
-    trials = tune["trials"]
-    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
-        raise ConfigError(f"{path}: tune.trials={trials!r}; allowed: a whole number >= 0")
-    if trials and not runs_here(profile):
-        raise ConfigError(f"{path}: tune.trials={trials} needs candidates timed on the device, "
-                          f"but runner={profile['runner']!r}, target kind "
-                          f"{profile['target']['kind']!r}; allowed: tune.trials 0 (committed "
-                          "records only), or runner 'local' or 'docker' with an llvm target")
-
-
-def cpu_architecture(profile: dict) -> str:
-    """The device CPU's architecture: target.mtriple's, or host.mtriple's for a GPU target."""
-    cpu = profile["host"] if profile.get("host") else profile["target"]
-    return str(cpu.get("mtriple", "")).split("-")[0]
-
-
-def resolved_profile(name: str) -> dict:
-    """The profile the profiles stage resolved for ``name`` (artifacts/profiles/<name>.json)."""
-    import json
-
-    from pipelines.artifacts import ARTIFACTS
-
-    path = ARTIFACTS / "profiles" / f"{name}.json"
-    if not path.exists():
-        raise ConfigError(f"{path}: not found; is {name!r} in devices? Run `dvc repro profiles`")
-    return json.loads(path.read_text())
-
-
-def check_memory_budget(plan: dict, profile: dict) -> bool:
-    """Whether the step must recompute activations to fit the profile's budget
-    (memory_budget_mb, else all of memory_mb). ``plan`` is the optimize stage's plan.json: the
-    step as optimized, and under ``recompute`` the plan of its recomputing twin (written when
-    optimize.recompute is auto). Over budget either way: name the overshoot and the knobs."""
-    key = "memory_budget_mb" if profile.get("memory_budget_mb") else "memory_mb"
-    budget = float(profile[key]) * 2**20
-    peak = plan["planned_peak_bytes"]
-    if peak <= budget:
-        return False
-    twin = plan.get("recompute")
-    if twin and twin["planned_peak_bytes"] <= budget:
-        return True
-    tried = (f"; recomputing cheap activations brings it to "
-             f"{twin['planned_peak_bytes'] / 2**20:.2f} MiB, still over" if twin else
-             "" if plan.get("recomputed") else
-             "; optimize.recompute=auto would try recomputing cheap activations")
-    raise ConfigError(
-        f"{PROFILES.name}/{profile['name']}.yaml: the training step's planned peak is "
-        f"{peak / 2**20:.2f} MiB, over {key}={profile[key]} by {(peak - budget) / 2**20:.2f}"
-        f" MiB{tried} (artifacts/optimize/plan.json has the breakdown). Shrink the step: a "
-        "smaller model.batch_size or a sparser scheme (sparse=bias_only or sparse=last_k); or "
-        f"raise {key} if the device has the memory")
-
-
-def tvm_target(profile: dict):
-    import tvm
-
-    target = dict(profile["target"])
-    if profile.get("host"):
-        target["host"] = dict(profile["host"])
-    return tvm.target.Target(target)
+    return validate(yaml.safe_load(path.read_text()) or {}, path)
 
 
 def run_stage(main) -> None:
-    """Run a stage's main: bad input ends in one line naming file and key, exit code 2."""
+    """Run a stage's main: bad input ends in one message naming file and key, exit code 2;
+    what was there before stays (outputs are replaced only when a stage succeeds)."""
     import sys
 
     try:

@@ -1,7 +1,8 @@
-"""Relax IR helpers every room shares: types (TVM 0.27 renamed StructInfo to ``Type``:
-``var.ty``), sizes and costs, and IR on disk (JSON for the next stage, TVMScript for people)."""
+"""Relax IR helpers the whole library shares: types (TVM 0.27 renamed StructInfo to ``Type``:
+``var.ty``), sizes, and IR on disk (JSON for the next stage, TVMScript for people)."""
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from pipelines.artifacts import write_text_atomic
+from pipelines.io import write_text_atomic
 
 # relax OpPatternKind kOpaque, as a kernel's "op_pattern": FuseOps fuses nothing into it
 OPAQUE = 8
@@ -31,6 +32,23 @@ def nbytes(expr_or_type) -> int:
         shape_of(expr_or_type))
 
 
+def op_name(value) -> str:
+    """The operator a Relax value calls ("relax.matmul"), or "" for anything else."""
+    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
+        else ""
+
+
+def static_float32_shape(expr) -> list[int] | None:
+    """A float32 tensor's static shape, or None (another dtype, or a symbolic dimension)."""
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or expr.ty.dtype != "float32":
+        return None
+    try:
+        return [int(d) for d in shape]
+    except TypeError:  # a symbolic dimension
+        return None
+
+
 def tensor_type(shape, dtype: str) -> relax.TensorType:
     return relax.TensorType(list(shape), dtype)
 
@@ -48,66 +66,48 @@ def identifier(name: str, taken: set[str]) -> str:
 
 
 def save_ir(mod: tvm.IRModule, directory: Path, stem: str) -> None:
-    write_text_atomic(Path(directory) / f"{stem}.json", tvm.ir.save_json(mod))
-    write_text_atomic(Path(directory) / f"{stem}.relax.py", mod.script(show_meta=False))
+    """``<stem>.json`` for the next stage, ``<stem>.relax.py`` (TVMScript) for people, and the
+    training-step signature, if the module carries one, as ``signature.json``."""
+    directory = Path(directory)
+    if mod.attrs and SIGNATURE in mod.attrs:
+        write_text_atomic(directory / "signature.json",
+                          json.dumps(signature_of(mod), indent=1, sort_keys=True) + "\n")
+        mod = without_signature(mod)
+    write_text_atomic(directory / f"{stem}.json", tvm.ir.save_json(mod))
+    write_text_atomic(directory / f"{stem}.relax.py", mod.script(show_meta=False))
 
 
 def load_ir(path: Path) -> tvm.IRModule:
-    return tvm.ir.load_json(Path(path).read_text())
+    """A module saved by save_ir, with the signature beside it attached, if there is one."""
+    path = Path(path)
+    mod = tvm.ir.load_json(path.read_text())
+    signature = path.with_name("signature.json")
+    return with_signature(mod, json.loads(signature.read_text())) if signature.exists() else mod
 
 
-def count_ops(func) -> dict[str, int]:
-    """Operator name -> number of calls in a Relax function (TIR calls by callee name)."""
-    counts: dict[str, int] = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Call):
-            op = expr.op
-            name = op.name if isinstance(op, tvm.ir.Op) else getattr(op, "name_hint", str(op))
-            if name in ("relax.call_tir", "relax.call_tir_inplace"):
-                name = expr.args[0].name_hint
-            counts[name] = counts.get(name, 0) + 1
-
-    relax.analysis.post_order_visit(func, visit)
-    return dict(sorted(counts.items()))
+# A training step's signature (training/graph.py: its inputs and outputs by name, what each
+# optimizer-state input holds, what trains) travels with the module in memory, as a module
+# attribute, so the passes that need it are plain module -> module passes. On disk it is
+# signature.json beside the TVMScript (save_ir and load_ir), which stays free of it.
+SIGNATURE = "pock_signature"
 
 
-def _tensor_types(ty) -> list[relax.TensorType]:
-    if isinstance(ty, relax.TensorType) and ty.shape is not None:
-        return [ty]
-    if isinstance(ty, relax.TupleType):
-        return [t for field in ty.fields for t in _tensor_types(field)]
-    return []
+def signature_of(mod: tvm.IRModule) -> dict:
+    if not mod.attrs or SIGNATURE not in mod.attrs:
+        raise ValueError("the module carries no training-step signature (ir.with_signature)")
+    return json.loads(str(mod.attrs[SIGNATURE]))
 
 
-def op_cost(call) -> tuple[int, int]:
-    """(FLOPs, bytes written) of one high-level Relax call, before legalization.
-
-    Convolutions and matmuls count 2 FLOPs per multiply-accumulate; other ops one per output
-    element. Bytes are the sizes of the values the call produces."""
-    outs = _tensor_types(call.ty)
-    written = sum(nbytes(t) for t in outs)
-    name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
-    if name in ("relax.nn.conv2d", "relax.nn.conv2d_transpose"):
-        data, w = shape_of(call.args[0]), shape_of(call.args[1])
-        if name == "relax.nn.conv2d":
-            cin = data[str(call.attrs.data_layout).index("C")]
-            macs = math.prod(shape_of(outs[0])) * (cin // int(call.attrs.groups)) * w[2] * w[3]
-        else:  # transpose: every input element meets a (cout/groups x kh x kw) slice
-            macs = math.prod(data) * w[1] * w[2] * w[3]
-        return 2 * macs, written
-    if name == "relax.matmul":
-        return 2 * math.prod(shape_of(outs[0])) * shape_of(call.args[0])[-1], written
-    return sum(math.prod(shape_of(t)) for t in outs), written
+def with_signature(mod: tvm.IRModule, signature: dict) -> tvm.IRModule:
+    return mod.with_attr(SIGNATURE, json.dumps(signature, sort_keys=True))
 
 
-def graph_cost(func) -> dict:
-    """Op count, FLOPs and bytes produced by every call bound in ``func``."""
-    ops = flops = written = 0
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-                f, b = op_cost(value)
-                ops, flops, written = ops + 1, flops + f, written + b
-    return {"ops": ops, "flops": flops, "bytes_produced": written}
+def without_signature(mod: tvm.IRModule) -> tvm.IRModule:
+    return mod.without_attr(SIGNATURE) if mod.attrs and SIGNATURE in mod.attrs else mod
+
+
+def with_attrs_of(source: tvm.IRModule, out: tvm.IRModule) -> tvm.IRModule:
+    """``out`` with ``source``'s module attributes (a mutator's builder starts without them)."""
+    for key, value in (source.attrs or {}).items():
+        out = out.with_attr(key, value)
+    return out

@@ -1,0 +1,200 @@
+"""Backend switching (the paper's): each matrix product of the step (a ``gemm_<XY>`` kernel,
+pipelines/transform/isolate_gemms.py) runs either as generated code or on OpenBLAS (scipy-openblas32 from
+PyPI), whichever a measurement on the device finds faster.
+
+- generated: the operands a kernel reads transposed are transposed first, by kernels of their
+  own, and the product is the plain ``gemm_nn``, which the default schedules vectorise well (a
+  transpose folded into the product's reads made the llama_tiny step 1.6x slower);
+- openblas: ``R.call_dps_packed("pockengine_sgemm_<XY>", ...)``, implemented in
+  ``openblas_sgemm.cc``; compiled and linked into the step's library, with OpenBLAS's shared
+  library beside it (found through the rpath ``$ORIGIN``). The Relax VM calls it directly.
+
+Only a device the build can measure (pipelines/profiles.py: runs_here; runner local or docker,
+this machine's CPU) is switched; for the others every product stays generated, and the
+manifest says why.
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax, te, tirx, topi
+
+from pipelines.backend.cpu_schedules import with_cpu_schedules
+from pipelines.kernels.gemm import GEMM, gemm_kernel
+from pipelines.timing import step_times
+
+SHIM = Path(__file__).with_name("openblas_sgemm.cc")
+OPENBLAS_LIB = "libscipy_openblas.so"
+# OpenBLAS is chosen for a product only when it is this much faster: close calls stay
+# generated, so a rebuild on a noisy machine rarely flips a choice.
+MARGIN = 1.1
+REPEATS = 20
+
+
+def gemm_kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
+    return {gv.name_hint: func for gv, func in mod.functions.items()
+            if isinstance(func, tirx.PrimFunc) and GEMM in (func.attrs or {})}
+
+
+def _operand_shapes(func: tirx.PrimFunc) -> list[list[int]]:
+    return [[int(d) for d in p.shape] for p in func.params]
+
+
+@functools.cache
+def shim_object() -> Path:
+    """The compiled ``openblas_sgemm.cc`` (once per process)."""
+    import scipy_openblas32
+    import tvm_ffi
+
+    tvm_include = Path(tvm.__file__).parent / "include"  # c_backend_api.h: the thread pool
+    out = Path(tempfile.mkdtemp(prefix="pock-openblas-")) / "openblas_sgemm.o"
+    # The headers' check macros embed __FILE__: map the checkout and site-packages away so a
+    # step library is the same bytes whichever directory it was built in.
+    site_packages = Path(tvm_ffi.__file__).parents[1]
+    command = ["g++", "-c", "-fPIC", "-O2", "-std=c++17",
+               f"-ffile-prefix-map={SHIM.parent}=pipelines",
+               f"-ffile-prefix-map={site_packages}=site-packages",
+               f"-I{tvm_ffi.libinfo.find_include_path()}",
+               f"-I{tvm_include}", f"-I{scipy_openblas32.get_include_dir()}", str(SHIM), "-o", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{SHIM}: g++ failed:\n{done.stderr}")
+    return out
+
+
+def link_openblas(directory: Path) -> dict:
+    """``export_library`` options that link the shim and OpenBLAS into ``directory``'s step
+    library; OpenBLAS's shared library is copied beside it."""
+    import scipy_openblas32
+
+    shutil.copyfile(Path(scipy_openblas32.get_lib_dir()) / OPENBLAS_LIB,
+                    Path(directory) / OPENBLAS_LIB)
+    return {"addons": [str(shim_object())],
+            # --no-as-needed: the library must be recorded as needed even though the linker,
+            # reading it before the objects that call it, would otherwise drop it.
+            "options": [f"-L{directory}", "-Wl,--no-as-needed", "-lscipy_openblas",
+                        "-Wl,-rpath,$ORIGIN"]}
+
+
+@functools.cache
+def _openblas_module():
+    """The shim as a library of its own, for measuring."""
+    directory = Path(tempfile.mkdtemp(prefix="pock-openblas-"))
+    options = link_openblas(directory)
+    library = directory / "shim.so"
+    subprocess.run(["g++", "-shared", "-o", str(library), *options["addons"],
+                    *options["options"]], check=True, capture_output=True)
+    return tvm.runtime.load_module(str(library))
+
+
+def _time(function, args) -> float:
+    """Median milliseconds of ``function(*args)`` after one untimed call."""
+    return float(np.median(step_times(lambda: function(*args), 1, REPEATS)))
+
+
+def _transpose_kernel(shape: list[int]) -> tirx.PrimFunc:
+    x = te.placeholder(shape, "float32", "x")
+    axes = [*range(len(shape) - 2), len(shape) - 1, len(shape) - 2]
+    return te.create_prim_func([x, topi.transpose(x, axes)]).without_attr("global_symbol")
+
+
+def _swapped(shape: list[int]) -> list[int]:
+    return [*shape[:-2], shape[-1], shape[-2]]
+
+
+def generated_parts(func: tirx.PrimFunc) -> list[tuple[tirx.PrimFunc, list[int]]]:
+    """The kernels that compute ``func`` as generated code: the transposes of the operands it
+    reads transposed, then ``gemm_nn``; each with the operand it reads (0, 1, or both)."""
+    trans = str(func.attrs[GEMM])
+    a, b, _ = _operand_shapes(func)
+    parts = [(_transpose_kernel(shape), [i]) for i, (shape, t) in enumerate(zip((a, b), trans))
+             if t == "t"]
+    plain = [_swapped(s) if t == "t" else s for s, t in zip((a, b), trans)]
+    return parts + [(gemm_kernel(plain[0], plain[1], "nn"), [0, 1])]
+
+
+def measure(mod: tvm.IRModule, target) -> dict[str, dict]:
+    """Per gemm kernel: its shapes, generated and OpenBLAS milliseconds on this machine, and
+    the backend chosen."""
+    device, rng, rows = tvm.cpu(), np.random.default_rng(0), {}
+    blas = _openblas_module()
+    for name, func in sorted(gemm_kernels(mod).items()):
+        trans = str(func.attrs[GEMM])
+        shapes = _operand_shapes(func)
+        a, b, c = (tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32), device)
+                   for s in shapes)
+        generated = 0.0
+        for part, _ in generated_parts(func):
+            scheduled, _ = with_cpu_schedules(tvm.IRModule({"main": part.with_attr(
+                "global_symbol", "main")}), target)
+            kernel = tvm.compile(scheduled, target=target)["main"]
+            ins = [tvm.runtime.tensor(np.zeros(s, np.float32), device)
+                   for s in _operand_shapes(part)]
+            generated += _time(kernel, ins)
+        openblas = _time(blas[f"pockengine_sgemm_{trans}"], [a, b, c])
+        rows[name] = {"shapes": shapes, "transposed": trans, "generated_ms": generated,
+                      "openblas_ms": openblas,
+                      "backend": "openblas" if openblas * MARGIN < generated else "generated"}
+    return rows
+
+
+@relax.expr_functor.mutator
+class _Switch(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, backends: dict[str, str]):
+        super().__init__(mod)
+        self.mod, self.backends, self.added = mod, backends, {}
+
+    def _add(self, func: tirx.PrimFunc, name: str):
+        key = (name, *(tuple(int(d) for d in p.shape) for p in func.params))
+        if key not in self.added:
+            self.added[key] = self.builder_.add_func(func, name)
+        return self.added[key]
+
+    def visit_call_(self, original):
+        call = super().visit_call_(original)
+        if getattr(call.op, "name", "") != "relax.call_tir":
+            return call
+        name = call.args[0].name_hint
+        func = self.mod[call.args[0]]
+        if not isinstance(func, tirx.PrimFunc) or GEMM not in (func.attrs or {}):
+            return call
+        operands = list(call.args[1].fields)
+        if self.backends.get(name) == "openblas":
+            return relax.call_dps_packed(f"pockengine_sgemm_{func.attrs[GEMM]}",
+                                         operands, original.ty)
+        *transposes, (product, _) = generated_parts(func)
+        for kernel, (index,) in transposes:
+            shape = _swapped([int(d) for d in operands[index].ty.shape])
+            operands[index] = self.builder_.emit(relax.call_tir(
+                self._add(kernel, "transpose_operand"), [operands[index]],
+                relax.TensorType(shape, "float32")))
+        return relax.call_tir(self._add(product, "gemm_nn"), operands, original.ty)
+
+
+def switch_backends(mod: tvm.IRModule, backends: dict[str, str]) -> tvm.IRModule:
+    """``mod`` with each gemm kernel call on its backend (``backends``: kernel name ->
+    "openblas"; any other kernel generated)."""
+    mutator = _Switch(mod.clone(), backends)  # the builder updates its module in place
+    rewritten = {gv.name_hint: mutator.visit_expr(func) for gv, func in mod.functions.items()
+                 if isinstance(func, relax.Function)}
+    out = mutator.builder_.get()  # the module with the kernels the switch added
+    for name, func in rewritten.items():
+        out.update_func(out.get_global_var(name), func)
+    return relax.transform.DeadCodeElimination()(out)
+
+
+def compile_with_backends(mod: tvm.IRModule, target, directory: Path,
+                          measured: bool) -> tuple[tvm.IRModule, dict, dict]:
+    """``mod`` with its gemm kernels on their backends, ready for the CPU build; the options
+    ``export_library`` needs to link what it calls; and per kernel what was measured and
+    chosen (``measured`` false: every product generated, nothing measured)."""
+    rows = measure(mod, target) if measured and gemm_kernels(mod) else {}
+    choice = {name: row["backend"] for name, row in rows.items()}
+    options = link_openblas(directory) if "openblas" in choice.values() else {}
+    return switch_backends(mod, choice), options, rows

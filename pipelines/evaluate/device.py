@@ -1,0 +1,94 @@
+"""A case's build for a device, run where the profile's runner reaches it (benchmark@<case>-<device>):
+
+- rpc / emulated / docker: one step on the device (a TVM RPC server; qemu user mode; a
+  container limited to the profile's cores and memory) checked against the host build's step on
+  the same arguments (loss and every updated tensor), then step times: measured on the device by
+  TVM's time_evaluator (rpc), or labelled ``emulated`` or ``container`` (this machine's cores,
+  not the device's; never compared with real timings). ``verdict`` is ``ok``, or
+  ``out_of_memory`` when the step did not fit in the container's memory_mb: recorded (the
+  device's answer, not a crash of the pipeline);
+- local: this machine (another build for it, e.g. another -mcpu): checked and timed here;
+- none: nothing here reaches the device; the result says so, and how to reach it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.io import read_json
+from pipelines.runtime.step import CompiledStep
+
+# A device's step must match the host build's to this tolerance (different CPUs and vector
+# widths sum in different orders).
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def run_on_device(device: str, profile: dict, build: Path, host_build: Path, initial: dict,
+                  batch: tuple, warmup: int, steps: int) -> dict:
+    """What ran where, checked against the host build; see the module docstring."""
+    built = read_json(build / "manifest.json")["params"]
+    head = {"device": device, "runner": profile["runner"]}
+    if profile["runner"] == "none":
+        return {**head, "ran": False, "reason": (
+            "runner none: nothing here reaches the device" + (
+                "; the archive is linked on the device" if built["links_on_device"] else "")
+            + f"; to run it, start `python -m tvm.exec.rpc_server --tracker HOST:PORT --key "
+              f"KEY` there and set +profiles.{device}.runner=rpc")}
+    from pipelines.runtime.images import OutOfMemory
+    from pipelines.runtime.remote import run_docker, run_emulated, run_rpc
+
+    host = CompiledStep(host_build, initial)
+    args = host.arguments(*batch)
+    want = [o.numpy() for o in host.function(*args)]
+    run = {"rpc": run_rpc, "emulated": run_emulated, "docker": run_docker,
+           "local": run_local}[profile["runner"]]
+    try:
+        got, times, info = run(build / built["library"], [a.numpy() for a in args], profile,
+                               warmup, steps)
+    except OutOfMemory as err:
+        return {**head, "ran": True, "verdict": "out_of_memory",
+                "memory_mb": profile["memory_mb"], "reason": str(err).splitlines()[0]}
+    worst = max(float(np.max(np.abs(g - w) / (ATOL + RTOL * np.abs(w))))
+                for g, w in zip(got, want))
+    timing = {"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
+              "steps": len(times)}
+    label = {"emulated": "emulated", "docker": "container"}.get(profile["runner"], "compiled")
+    return {
+        **head, "ran": True, "verdict": "ok", **info,
+        "loss": float(got[0]), "loss_host": float(want[0]),
+        # <= 1: every output within rtol 1e-4, atol 1e-5 of the host build's
+        "matches_host": len(got) == len(want) and worst <= 1.0,
+        "worst_diff_over_tolerance": worst,
+        # Emulated time is qemu's and container time this machine's, not the device's: kept
+        # apart from real timings.
+        label: timing,
+    }
+
+
+def run_local(library: Path, args: list, profile: dict, warmup: int, steps: int):
+    """One step of the build in ``library`` here, then step times (as the remote runners)."""
+    from tvm import relax
+    import tvm
+
+    from pipelines.timing import step_times
+
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
+    inputs = [tvm.runtime.tensor(a) for a in args]
+    outputs = [o.numpy() for o in vm["train_step"](*inputs)]
+    return outputs, step_times(lambda: vm["train_step"](*inputs), warmup, steps), {}
+
+
+def summary(metrics: dict) -> str:
+    """One line: what ran where and how it compares."""
+    device = f"{metrics['device']}"
+    if not metrics["ran"]:
+        return f"{device}: not run ({metrics['reason']})"
+    if metrics["verdict"] == "out_of_memory":
+        return f"{device}: {metrics['runner']}, OUT OF MEMORY ({metrics['reason']})"
+    label = next(k for k in ("compiled", "emulated", "container") if k in metrics)
+    return (f"{device}: {metrics['runner']}, loss {metrics['loss']:.6f} "
+            f"{'matches' if metrics['matches_host'] else 'DOES NOT MATCH'} the host build's "
+            f"{metrics['loss_host']:.6f}; {metrics[label]['median_ms']:.2f} ms/step"
+            + {"compiled": "", "emulated": " (emulated, not the device's speed)",
+               "container": " (in a container on this machine's cores)"}[label])

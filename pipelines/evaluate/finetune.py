@@ -1,0 +1,123 @@
+"""Fine-tuning with the compiled step on the model's data, PyTorch performing the same update
+beside it: the same initial state, optimizer, batches and order (models/torch_twin.py).
+
+The first steps' losses must agree to ``LOSS_RTOL`` or evaluation fails: a wrong build stops
+here. Later ones drift apart by float rounding and are reported, not checked. What comes back:
+per step the two losses, per epoch the two test accuracies, and the fine-tuned weights under
+the source's own names (for a LoRA scheme also its export, reloaded and checked to score what
+the compiled step scored).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipelines.config import ConfigError
+from pipelines.data import split
+from pipelines.evaluate.twin import step_batch, torch_twin
+from pipelines.models.lora import adapter_state, merged_state
+from pipelines.models.torch_twin import accuracy, batches, make_optimizer, train_step
+from pipelines.progress import progress
+from pipelines.runtime.step import CompiledStep, selection_of
+
+CHECKED_STEPS, LOSS_RTOL = 2, 1e-4
+
+
+@dataclass
+class Finetuned:
+    metrics: dict
+    losses: list[dict]  # per step: compiled and pytorch loss
+    accuracy: list[dict]  # per epoch (0: before): compiled and pytorch test accuracy
+    step: CompiledStep
+    weights: dict[str, torch.Tensor]  # the compiled step's, by the source's names
+    # its optimizer state as a torch.optim state dict, to go on training in PyTorch
+    # (CompiledStep.torch_optimizer: a channel-sparse step's is ChannelSparse's, slice-shaped)
+    optimizer_state: dict
+    export: tuple[str, dict] | None  # a LoRA scheme's export: (file name, tensors)
+
+
+def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, seed: int,
+             lora=None, name: str = "case") -> Finetuned:
+    """Fine-tune the step built in ``build`` from ``initial`` (values by Relax name) for
+    ``epochs`` on ``data``'s finetune split, PyTorch beside it; ``lora``: the scheme's LoRA
+    section, for its export."""
+    compiled = CompiledStep(build, initial)
+    signature = compiled.signature
+    reference = torch_twin(model, signature, initial)
+    evaluator = torch_twin(model, signature, initial)  # holds the compiled step's weights
+    update = make_optimizer(reference, optimizer, selection_of(signature))
+    x, y = split(data, "finetune_train")
+    test_x, test_y = split(data, "finetune_test")
+    batch = model.batch_size
+    if len(x) < batch:
+        raise ConfigError(f"models.{model}: {len(x)} training examples, fewer than one batch "
+                          f"({batch})")
+    start = accuracy(reference, [test_x], test_y)
+    curve = [{"epoch": 0, "compiled": start, "pytorch": start}]
+    losses = []
+    for epoch in range(epochs):
+        first = len(losses)
+        for index in progress(list(batches(len(x), batch, seed, epoch)),
+                              f"{name}: fine-tuning epoch {epoch + 1}/{epochs}"):
+            bx, by = step_batch(signature, x[index], y[index])
+            losses.append({"step": len(losses) + 1, "compiled": compiled.step(bx, by),
+                           "pytorch": train_step(reference, update, bx, by)})
+            if len(losses) == CHECKED_STEPS:
+                check_first_losses(name, losses)
+        curve.append({"epoch": epoch + 1,
+                      "compiled": accuracy(compiled.load_into(evaluator), [test_x], test_y),
+                      "pytorch": accuracy(reference, [test_x], test_y)})
+        last = losses[first:]
+        print(f"{name} epoch {epoch + 1}: loss compiled "
+              f"{np.mean([r['compiled'] for r in last]):.4f} pytorch "
+              f"{np.mean([r['pytorch'] for r in last]):.4f}; accuracy compiled "
+              f"{curve[-1]['compiled']:.3f} pytorch {curve[-1]['pytorch']:.3f}", flush=True)
+    last = losses[-(len(x) // batch):]
+    metrics = {
+        "steps": len(losses), "epochs": epochs,
+        "accuracy_before": start,
+        "accuracy_compiled": curve[-1]["compiled"],
+        "accuracy_pytorch": curve[-1]["pytorch"],
+        "final_epoch_loss_compiled": float(np.mean([r["compiled"] for r in last])),
+        "final_epoch_loss_pytorch": float(np.mean([r["pytorch"] for r in last])),
+        "max_abs_loss_difference": float(max(abs(r["compiled"] - r["pytorch"])
+                                             for r in losses)),
+    }
+    weights = compiled.state_dict()
+    optimizer_state = compiled.torch_optimizer(compiled.load_into(evaluator)).state_dict()
+    export = None
+    if lora is not None:
+        export = lora_export(weights, lora, selection_of(signature))
+        check_export(model, signature, initial, export, test_x, test_y,
+                     metrics["accuracy_compiled"], name)
+    return Finetuned(metrics, losses, curve, compiled, weights, optimizer_state, export)
+
+
+def check_first_losses(name: str, losses: list[dict]) -> None:
+    compiled = [r["compiled"] for r in losses]
+    pytorch = [r["pytorch"] for r in losses]
+    if not np.allclose(compiled, pytorch, rtol=LOSS_RTOL, atol=0):
+        raise RuntimeError(f"{name}: the compiled step's first losses {compiled} are not "
+                           f"PyTorch's {pytorch} (rtol {LOSS_RTOL})")
+
+
+def lora_export(weights: dict, lora, trained: dict) -> tuple[str, dict]:
+    """A LoRA scheme's fine-tuned model as ``lora.export`` says (models/lora.py): the plain
+    model's state with each adapter merged in, or the adapters and other trained tensors."""
+    if lora.export == "merged":
+        return "merged.safetensors", merged_state(weights, lora.scale)
+    return "adapters.safetensors", adapter_state(weights, trained)
+
+
+def check_export(model, signature: dict, initial: dict, export: tuple[str, dict], x, y,
+                 expected: float, name: str) -> None:
+    """The export, loaded as a user would, scores what the compiled step scored."""
+    filename, tensors = export
+    net = torch_twin(model, signature, initial, adapters=filename != "merged.safetensors")
+    net.load_state_dict(tensors, strict=False)
+    score = accuracy(net, [x], y)
+    if abs(score - expected) > 1.5 / len(y):  # one example's prediction may flip on rounding
+        raise RuntimeError(f"{name}: its export {filename} scores {score}, the compiled "
+                           f"step's weights {expected}")

@@ -1,0 +1,40 @@
+"""The PyTorch twin of a compiled step: the model's own module (its source file), with the same
+LoRA adapters, holding the step's initial values, so both start from the same state."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipelines.config import ConfigError
+from pipelines.frontends.torch_module import load_module
+from pipelines.models.lora import add_adapters, adapted_modules
+
+
+def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],
+               adapters: bool = True) -> torch.nn.Module:
+    """The twin of the step with ``signature`` starting from ``initial`` (values by Relax
+    name); without its LoRA adapters when ``adapters`` is false (the plain model)."""
+    if model.frontend != "torch":
+        raise ConfigError(f"a PyTorch twin needs a torch model; this one's frontend is "
+                          f"{model.frontend!r}")
+    module, _ = load_module(model)
+    names = signature["source_names"]
+    lora = signature.get("lora")
+    if lora and adapters:
+        add_adapters(module, adapted_modules(names.values()), lora["rank"], lora["scale"])
+    state = {names[r]: torch.from_numpy(np.array(v)) for r, v in initial.items() if r in names}
+    if not adapters:
+        state = {k: v for k, v in state.items() if not k.endswith((".lora_a.weight",
+                                                                   ".lora_b.weight"))}
+    missing = [k for k in module.state_dict() if k not in state
+               and not k.endswith("num_batches_tracked")]  # a fixed momentum never reads it
+    if missing:
+        raise KeyError(f"the step holds no initial value for {missing[:5]}")
+    module.load_state_dict(state, strict=False)
+    return module.train()
+
+
+def step_batch(signature: dict, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A batch as the step takes it: labels in the step's shape (a decoder that flattens its
+    logits to one row per token takes one label per token)."""
+    return x, np.ascontiguousarray(y).reshape(signature["labels_shape"])

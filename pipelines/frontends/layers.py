@@ -1,0 +1,122 @@
+"""What sparse schemes select from: every parameter with its module path, layer kind and block,
+for a PyTorch module or a model file of another frontend (the same layers.json either way)."""
+from __future__ import annotations
+
+import torch
+
+from pipelines.patterns import module_matcher
+
+
+def layer_kind(module: torch.nn.Module) -> str:
+    if isinstance(module, torch.nn.Conv2d):
+        if module.groups > 1 and module.groups == module.in_channels == module.out_channels:
+            return "conv_depthwise"
+        if module.kernel_size == (1, 1) and module.groups == 1:
+            return "conv_pointwise"
+        return "conv"
+    if isinstance(module, torch.nn.Linear):
+        return "linear"
+    if isinstance(module, (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm,
+                           torch.nn.GroupNorm, torch.nn.RMSNorm)) or type(module).__name__.endswith(
+            "Norm"):  # a model's own norms (RMSNorm, LlamaRMSNorm, ...)
+        return "norm"
+    if isinstance(module, torch.nn.Embedding):
+        return "embedding"
+    return "other"
+
+
+def describe_layers(model: torch.nn.Module, patterns: list[str] = ()) -> dict:
+    """Per parameter: module path, layer kind, role (weight/bias), block index, shape. The
+    blocks are the model's own ``blocks()`` if it has that method, else the module paths
+    ``patterns`` match."""
+    if callable(getattr(model, "blocks", None)):
+        blocks = list(model.blocks())
+    else:
+        blocks = block_paths([path for path, _ in model.named_modules()], list(patterns))
+    params = []
+    for module_path, module in model.named_modules():
+        for role, param in module.named_parameters(recurse=False):
+            block = next((i for i, b in enumerate(blocks)
+                          if module_path == b or module_path.startswith(b + ".")), None)
+            params.append({"name": f"{module_path}.{role}", "module": module_path,
+                           "kind": layer_kind(module), "role": role, "block": block,
+                           "shape": list(param.shape)})
+    return {"blocks": blocks, "parameters": params}
+
+
+# Keras's and Flax's leaf names for what schemes call a weight or a bias.
+BIAS_NAMES = {"bias", "beta"}
+
+
+def module_and_role(name: str) -> tuple[str, str]:
+    """"features.0.weight" -> ("features.0", "weight"): a parameter name's module path and its
+    role, weight or bias (Keras's kernel and gamma are weights, beta a bias). Frontends give
+    names with "." (ONNX from PyTorch, JAX trees) or "/" (Keras variable paths)."""
+    parts = name.replace("/", ".").rsplit(".", 1)
+    module, leaf = (parts[0], parts[1]) if len(parts) == 2 else ("", parts[0])
+    return module, "bias" if leaf in BIAS_NAMES else "weight"
+
+
+def onnx_kind(node) -> str:
+    """The layer kind of the ONNX node that consumes a parameter."""
+    if node.op_type == "Conv":
+        attrs = {a.name: a for a in node.attribute}
+        groups = attrs["group"].i if "group" in attrs else 1
+        kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else None
+        if groups > 1:
+            return "conv_depthwise"  # checked against the weight's shape by the caller
+        return "conv_pointwise" if kernel == [1, 1] else "conv"
+    return {"Gemm": "linear", "MatMul": "linear", "BatchNormalization": "norm",
+            "LayerNormalization": "norm", "Gather": "embedding"}.get(node.op_type, "other")
+
+
+def block_paths(modules: list[str], patterns: list[str]) -> list[str]:
+    """The blocks: each prefix of a module path that one of ``patterns`` (globs over module
+    paths, e.g. "features.*", or "re:" and a regular expression) matches, in model order."""
+    matchers = [module_matcher(p) for p in patterns]
+    blocks: list[str] = []
+    for module in modules:
+        parts = module.split(".")
+        for end in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:end])
+            if any(match(prefix) for match in matchers):
+                if prefix not in blocks:
+                    blocks.append(prefix)
+                break
+    return blocks
+
+
+def describe_parameters(params: list[tuple[str, str, list[int]]], patterns: list[str],
+                        layout: str = "torch") -> dict:
+    """layers.json for a model of another frontend: ``params`` is (name, kind, shape) in model
+    order; ``patterns`` say which module paths are blocks. ``layout`` "keras" marks kernels
+    stored channels-last (HWIO convolutions, [in, out] dense), which channel rules refuse."""
+    modules = [module_and_role(name)[0] for name, _, _ in params]
+    blocks = block_paths(modules, patterns)
+    described = []
+    for (name, kind, shape), module in zip(params, modules):
+        block = next((i for i, b in enumerate(blocks)
+                      if module == b or module.startswith(b + ".")), None)
+        described.append({"name": name, "module": module, "kind": kind,
+                          "role": module_and_role(name)[1], "block": block,
+                          "shape": list(shape)})
+        if layout != "torch" and len(shape) > 1:
+            described[-1]["layout"] = layout
+    return {"blocks": blocks, "parameters": described}
+
+
+def describe_onnx(model, parameters: list[str], patterns: list[str]) -> dict:
+    """layers.json for an ONNX model; ``parameters`` are its trainable initializers' names."""
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    consumer = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumer.setdefault(name, node)
+    params = []
+    for name in parameters:
+        kind = onnx_kind(consumer[name]) if name in consumer else "other"
+        shape = shapes[name]
+        if kind == "conv_depthwise" and not (len(shape) == 4 and shape[1] == 1):
+            kind = "conv"  # grouped, not one channel per group
+        params.append((name, kind, shape))
+    return describe_parameters(params, patterns)

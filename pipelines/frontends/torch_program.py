@@ -1,0 +1,116 @@
+"""A torch.export program -> Relax ``main``, a pure function of its state.
+
+TVM 0.27's exported-program importer bakes batch-norm running statistics in as constants and
+drops their updates (it even returns zeros for the new running variance). A training step must
+carry them, so this translator keeps every buffer as a function input and returns its new value:
+
+    main(*inputs, *parameters, *buffers) -> (logits, *new_buffers)
+
+It also records which PyTorch module each Relax binding came from, so later stages can name
+the layer behind an operator (e.g. one with no gradient rule).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.export.graph_signature import InputKind
+from tvm import relax
+from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
+from pipelines.ir import dtype_of, shape_of, tensor_type
+
+
+@dataclass
+class _BufferState:
+    """Buffers met while translating, in graph order: (input var, new-value var)."""
+
+    updates: list[tuple[relax.Var, relax.Var]] = field(default_factory=list)
+
+
+def _batch_norm_training(state: _BufferState):
+    """Converter for aten._native_batch_norm_legit_functional (batch norm in training mode)."""
+
+    def convert(node, importer) -> relax.Var:
+        bb = importer.block_builder
+        x = importer.env[node.args[0]]
+        gamma, beta = importer.env[node.args[1]], importer.env[node.args[2]]
+        mean_node, var_node = node.args[3], node.args[4]
+        momentum, eps = float(node.args[6]), float(node.args[7])
+        sinfo = tensor_type([shape_of(x)[1]], dtype_of(x))
+        # Fresh vars: the importer would bind these buffers to constants afterwards.
+        running_mean = relax.Var(mean_node.name, sinfo)
+        running_var = relax.Var(var_node.name, sinfo)
+        out, new_mean, new_var = training_batch_norm(bb, x, gamma, beta, running_mean,
+                                                     running_var, momentum, eps)
+        state.updates += [(running_mean, new_mean), (running_var, new_var)]
+        # The aten op returns (out, save_mean, save_rstd, new_mean, new_var); the forward graph
+        # reads only out and the new statistics, so slots 1-2 repeat those instead of emitting
+        # statistics nothing uses.
+        return bb.emit(relax.Tuple([out, new_mean, new_var, new_mean, new_var]))
+
+    return convert
+
+
+def _module_of(node) -> str:
+    """The innermost PyTorch module an FX node ran in, as "path (Type)"."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "<model>"
+    path, kind = list(stack.values())[-1]
+    return f"{path or '<model>'} ({str(kind).rsplit('.', 1)[-1]})"
+
+
+def _recording(convert, produced: dict, takes_importer: bool):
+    """Wrap a converter so the Relax var it returns is tagged with the node's module."""
+
+    def wrapped(node, importer):
+        value = convert(node, importer) if takes_importer else convert(node)
+        if isinstance(value, relax.Var):
+            produced[value] = _module_of(node)
+        return value
+
+    return wrapped
+
+
+def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, dict, dict]:
+    """Translate; return ``main``, the name table {relax name: (kind, torch name)} and the
+    origin table {binding name: PyTorch module}. ``main``'s attribute ``num_input`` counts the
+    model's inputs."""
+    state, produced = _BufferState(), {}
+    # Core ATen ops, as TVM's from_exported_program does (adaptive pooling becomes a mean).
+    program = program.run_decompositions()
+    importer = ExportedProgramImporter()
+    converters = {name: _recording(fn, produced, takes_importer=False)
+                  for name, fn in importer.convert_map.items()}
+    converters["_native_batch_norm_legit_functional.default"] = _recording(
+        _batch_norm_training(state), produced, takes_importer=True)
+    mod = importer.from_exported_program(program, keep_params_as_input=True,
+                                         unwrap_unit_return_tuple=True,
+                                         no_bind_return_tuple=False,
+                                         custom_convert_map=converters)
+    main = mod["main"]
+    names: dict[str, tuple[str, str]] = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind is InputKind.PARAMETER:
+            names[spec.arg.name] = ("parameter", spec.target)
+        elif spec.kind is InputKind.BUFFER:
+            names[spec.arg.name] = ("buffer", spec.target)
+    buffer_vars = [var for var, _ in state.updates]
+    for var in buffer_vars:
+        if var.name not in names:
+            raise ValueError(f"batch norm statistic {var.name} is not a buffer of the model")
+    func = with_buffers(main, state.updates)
+    return func, names, origins_of(func, produced)
+
+
+def lower_program(path) -> tuple[relax.Function, dict, dict, dict]:
+    """A saved torch.export program (.pt2): ``main``, the name and origin tables and the initial
+    value of every parameter and buffer, by Relax name."""
+    program = torch.export.load(path)
+    func, names, origins = translate(program)
+    state = program.state_dict | dict(program.named_buffers())
+    values = {name: state[source].detach().numpy() for name, (_, source) in names.items()
+              if name in {v.name for v in func.params}}
+    return func, names, origins, values

@@ -1,0 +1,56 @@
+"""The weights a model's cases start from: what its source holds, or, with a ``pretrain``
+section, a PyTorch model pre-trained here on the data's pretrain split. That stands in for a
+downloaded checkpoint; as a transfer from one does, it keeps the trained backbone and starts the
+modules ``pretrain.keep_initial`` names (a new head) from their seeded initial values.
+
+Written as safetensors under the source's own names (``weights.safetensors``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipelines.data import split
+from pipelines.frontends.torch_module import load_module
+from pipelines.models.torch_twin import accuracy, batches, make_optimizer, seed_everything, train_step
+from pipelines.patterns import module_matcher
+
+FILE = "weights.safetensors"
+
+
+def initial_weights(model, data: dict | None, seed: int) -> tuple[dict, dict]:
+    """(state dict, metrics) of a torch model: seeded, pre-trained if configured."""
+    seed_everything(seed)
+    module, _ = load_module(model)
+    if model.pretrain is None:
+        return module.state_dict(), {}
+    cfg = model.pretrain
+    keep = [module_matcher(p) for p in cfg.keep_initial]
+    initial = {k: v.clone() for k, v in module.state_dict().items()
+               if any(match(k.rsplit(".", 1)[0]) for match in keep)}
+    x, y = split(data, "pretrain_train")
+    optimizer = make_optimizer(module.train(), cfg)
+    losses = []
+    for epoch in range(cfg.epochs):
+        losses = [train_step(module, optimizer, x[i], y[i])
+                  for i in batches(len(x), cfg.batch_size, seed, epoch)]
+        print(f"pretrain epoch {epoch}: loss {np.mean(losses):.4f}", flush=True)
+    test_x, test_y = split(data, "pretrain_test")
+    metrics = {"pretrain_test_accuracy": accuracy(module, [test_x], test_y),
+               "pretrain_final_loss": float(np.mean(losses))}
+    return {**module.state_dict(), **initial}, metrics
+
+
+def save_weights(state: dict, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    # contiguous copies: safetensors refuses tensors that share storage (tied weights)
+    save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(path))
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))

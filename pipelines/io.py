@@ -1,0 +1,140 @@
+"""Reading and writing artifacts: atomic writes, manifests, hashes, arrays.
+
+A stage writes everything into a temporary sibling and renames it into place, so a stage killed
+half-way leaves no partial output behind. Manifests hold hashes and versions only (no times),
+so the same inputs give the same manifest bytes.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_tree(path: Path) -> str:
+    """Hash of a file, or of a directory's relative paths and file contents."""
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(path)).encode() + b"\0" + sha256_file(file).encode())
+    return digest.hexdigest()
+
+
+def dumps_json(data) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_text_atomic(path: Path, text: str | bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode() if isinstance(text, str) else text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; artifacts are for everyone to read
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: Path, data) -> None:
+    write_text_atomic(path, dumps_json(data))
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path):
+    """Yield a temporary directory; on success it replaces ``final`` in one rename."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    os.chmod(tmp, 0o755)
+    try:
+        yield tmp
+        if final.exists():
+            old = final.with_name(f".{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def toolchain_versions() -> dict:
+    import numpy
+    import torch
+    import tvm
+
+    return {"python": platform.python_version(), "tvm": tvm.__version__,
+            "torch": torch.__version__, "numpy": numpy.__version__}
+
+
+def manifest(stage: str, inputs: dict[str, Path], params: dict, outputs: Path) -> dict:
+    """What a stage read (hashes), with which settings, and what it wrote (hashes)."""
+    outputs = Path(outputs)
+    return {
+        "stage": stage,
+        "inputs": {name: sha256_tree(path) for name, path in sorted(inputs.items())},
+        "params": params,
+        "toolchain": toolchain_versions(),
+        "outputs": {str(p.relative_to(outputs)): sha256_file(p)
+                    for p in sorted(outputs.rglob("*"))
+                    if p.is_file() and p.name != "manifest.json"},
+    }
+
+
+def write_manifest(out_dir: Path, stage: str, inputs: dict[str, Path], params: dict) -> None:
+    write_json_atomic(Path(out_dir) / "manifest.json", manifest(stage, inputs, params, out_dir))
+
+
+def read_json(path: Path):
+    return json.loads(Path(path).read_text())
+
+
+def load_arrays(path: Path) -> dict:
+    """The arrays of an .npz file, by name, read into memory."""
+    import numpy as np
+
+    with np.load(path) as data:
+        return {name: data[name] for name in data.files}
+
+
+def save_arrays(path: Path, arrays: dict) -> None:
+    """An .npz that np.load reads, byte-identical for identical arrays (np.savez stamps the
+    current time into each zip entry; this fixes it)."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, array in arrays.items():
+            entry = io.BytesIO()
+            np.lib.format.write_array(entry, np.ascontiguousarray(array), allow_pickle=False)
+            archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)),
+                             entry.getvalue())
+    write_text_atomic(path, buffer.getvalue())

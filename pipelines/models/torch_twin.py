@@ -1,0 +1,129 @@
+"""The PyTorch side of every comparison: the same update the compiled step performs, on the same
+module, batches and order.
+
+A batch is a tuple of arrays: the model's inputs, in the step's order, then the labels.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+
+
+def make_optimizer(model: torch.nn.Module, optimizer, trainable=None):
+    """The torch.optim optimizer ``optimizer`` describes (pipelines/config.py: SGD or Adam) over
+    the ``trainable`` parameters (all when None); the rest are frozen.
+
+    ``trainable`` is a list of parameter names, or a scheme's selection (training/scheme.py:
+    name -> None or {"axis", "index"}); channel-selected parameters are stepped by
+    ``ChannelSparse``."""
+    named = dict(model.named_parameters())
+    selection = dict.fromkeys(named if trainable is None else trainable)
+    if isinstance(trainable, dict):
+        selection.update(trainable)
+    for name, param in named.items():
+        param.requires_grad_(name in selection)
+    if any(selection.values()):
+        return ChannelSparse(named, selection, lambda params: _torch_optimizer(params, optimizer))
+    return _torch_optimizer([named[n] for n in selection], optimizer)
+
+
+def _torch_optimizer(params: list, optimizer):
+    # Read from the config here, not from training/optimizers.py: the reference must not share
+    # the compiled side's reading of it, or a misread setting would match on both sides.
+    if optimizer.kind == "sgd":
+        return torch.optim.SGD(params, lr=optimizer.lr, momentum=optimizer.momentum,
+                               weight_decay=optimizer.weight_decay, nesterov=optimizer.nesterov)
+    adam = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optimizer.kind]
+    return adam(params, lr=optimizer.lr, betas=tuple(optimizer.betas), eps=optimizer.eps,
+                weight_decay=optimizer.weight_decay)
+
+
+class ChannelSparse:
+    """PyTorch's way to a channel-sparse update: backward computes every selected parameter's
+    full gradient; the optimizer then steps only the selected channels. Each channel-selected
+    parameter is stepped through a slice-shaped copy (so its optimizer state is slice-shaped,
+    as in the compiled step) that is written back into its channels."""
+
+    def __init__(self, named: dict, selection: dict, make):
+        """``named``: the model's parameters by name; ``selection``: name -> None or
+        {"axis", "index"}; ``make``: parameters -> the torch.optim optimizer to step them."""
+        self.sliced = {}  # name -> (parameter, axis, index, slice-shaped copy)
+        stepped = []
+        for name, choice in selection.items():
+            param = named[name]
+            if choice is None:
+                stepped.append(param)
+                continue
+            index = torch.tensor(choice["index"])
+            copy = torch.nn.Parameter(param.detach().index_select(choice["axis"], index))
+            self.sliced[name] = (param, choice["axis"], index, copy)
+            stepped.append(copy)
+        self.optimizer = make(stepped)
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def slice_of(self, name: str) -> torch.nn.Parameter:
+        """The slice-shaped copy a channel-selected parameter is stepped through."""
+        return self.sliced[name][3]
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        for param, *_ in self.sliced.values():
+            param.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for param, axis, index, copy in self.sliced.values():
+            copy.copy_(param.index_select(axis, index))
+            copy.grad = param.grad.index_select(axis, index)
+        self.optimizer.step()
+        for param, axis, index, copy in self.sliced.values():
+            param.index_copy_(axis, index, copy)
+
+
+def _tensors(batch) -> list[torch.Tensor]:
+    return [b if isinstance(b, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(b))
+            for b in batch]
+
+
+def train_step(model: torch.nn.Module, optimizer, *batch) -> float:
+    """One step on ``batch`` (the model's inputs, then the labels): cross-entropy of the logits,
+    as the compiled step's loss; returns the loss."""
+    *inputs, labels = _tensors(batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(model(*inputs), labels)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, inputs: list[np.ndarray], labels: np.ndarray,
+             batch: int = 256) -> float:
+    """The share of examples whose largest logit is their label (the model in eval mode)."""
+    was_training = model.training
+    model.eval()
+    correct = 0
+    for i in range(0, len(labels), batch):
+        logits = model(*_tensors([x[i:i + batch] for x in inputs]))
+        correct += int((logits.argmax(-1).numpy() == labels[i:i + batch]).sum())
+    model.train(was_training)
+    return correct / max(1, len(labels))
+
+
+def batches(n: int, batch: int, seed: int, epoch: int):
+    """Index batches of one epoch, shuffled reproducibly; the last partial batch is dropped
+    because the compiled step has a static batch size."""
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    for i in range(0, n - batch + 1, batch):
+        yield order[i:i + batch]

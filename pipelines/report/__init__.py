@@ -1,0 +1,1 @@
+"""The report: artifacts/report.md and its plots, from the committed metrics."""

@@ -1,0 +1,110 @@
+"""The report's plots: data files for `dvc plots show` and the same figures as SVG for report.md.
+
+- latency.json / .svg: step latency per case on the host, compiled vs its PyTorch peers;
+- memory.json / .svg: per case, the memory the step holds beyond its batch: weights,
+  optimizer state, parameter gradients, activations kept for backward;
+- finetune-<case>.svg: a deploy case's fine-tuning loss and test accuracy, compiled step vs
+  PyTorch (the data are evaluate@<case>'s curves, which DVC plots directly).
+SVGs are written without dates and with a fixed hash salt, so the same metrics give the same
+bytes.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("svg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from pipelines.artifacts import write_json_atomic, write_text_atomic  # noqa: E402
+
+MEMORY_PARTS = {"weights_bytes": "weights", "optimizer_state_bytes": "optimizer state",
+                "param_grad_bytes": "parameter gradients",
+                "saved_activation_bytes": "activations kept for backward"}
+
+
+def latency_rows(found: dict) -> list[dict]:
+    rows = []
+    for case, metrics in found["evaluate"].items():
+        speed = (metrics or {}).get("speed")
+        if not speed:
+            continue
+        for key, label in (("torch_eager_full", "PyTorch eager full BP"),
+                           ("torch_eager_frozen", "PyTorch eager, same layers frozen"),
+                           ("torch_compile_full", "torch.compile full BP"),
+                           ("compiled", "compiled")):
+            if key in speed:
+                rows.append({"case": f"{case}: {label}", "ms": speed[key]["median_ms"]})
+    return rows
+
+
+def memory_rows(found: dict) -> list[dict]:
+    rows = []
+    for case, report in found["prune"].items():
+        if report is None:
+            continue
+        parts = {"weights_bytes": report["full"]["param_grad_bytes"], **report["pruned"]}
+        rows += [{"case": case, "part": part, "MiB": parts[key] / 2**20}
+                 for key, part in MEMORY_PARTS.items()]
+    return rows
+
+
+def _svg(fig) -> str:
+    plt.rcParams["svg.hashsalt"] = "pockengine"
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def latency_svg(rows: list[dict]) -> str:
+    fig, ax = plt.subplots(figsize=(7, 0.32 * len(rows) + 1))
+    labels = [r["case"] for r in rows][::-1]
+    values = [r["ms"] for r in rows][::-1]
+    colors = ["tab:gray" if "PyTorch" in label else "tab:blue" for label in labels]
+    ax.barh(labels, values, color=colors)
+    ax.set_xlabel("ms per training step (median)")
+    ax.set_title("Step latency: compiled vs PyTorch")
+    return _svg(fig)
+
+
+def memory_svg(rows: list[dict]) -> str:
+    schemes = list(dict.fromkeys(r["case"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(schemes) + 1.2))
+    left = [0.0] * len(schemes)
+    for part in MEMORY_PARTS.values():
+        widths = [next(r["MiB"] for r in rows if r["case"] == s and r["part"] == part)
+                  for s in schemes]
+        ax.barh(schemes[::-1], widths[::-1], left=left[::-1], label=part)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_xlabel("MiB")
+    ax.set_title("Training memory per case (beyond the batch)")
+    ax.legend(fontsize="small", loc="lower right")
+    return _svg(fig)
+
+
+def finetune_svg(loss: list[dict], accuracy: list[dict]) -> str:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    for key, style in (("pytorch", "--"), ("compiled", "-")):
+        left.plot([r["step"] for r in loss], [r[key] for r in loss], style, label=key)
+        right.plot([r["epoch"] for r in accuracy], [r[key] for r in accuracy], style + "o",
+                   label=key)
+    left.set(xlabel="step", ylabel="loss", title="Fine-tuning loss")
+    right.set(xlabel="epoch", ylabel="accuracy", title="Test accuracy, new classes")
+    left.legend()
+    right.legend()
+    return _svg(fig)
+
+
+def write_plots(out: Path, found: dict, deploy: list) -> None:
+    latency, memory = latency_rows(found), memory_rows(found)
+    write_json_atomic(out / "latency.json", latency)
+    write_json_atomic(out / "memory.json", memory)
+    write_text_atomic(out / "latency.svg", latency_svg(latency))
+    write_text_atomic(out / "memory.svg", memory_svg(memory))
+    for case in deploy:
+        loss, accuracy = found["curves"][case]
+        if loss:
+            write_text_atomic(out / f"finetune-{case}.svg", finetune_svg(loss, accuracy))

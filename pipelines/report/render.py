@@ -1,0 +1,197 @@
+"""artifacts/report.md from the committed metrics (artifacts/metrics/): per model, every case on
+the host next to PyTorch doing the same update in the same run; what the deploy cases' schemes
+remove, their memory plans, where their time goes; every device they were built for; the
+scheme searches and the fine-tuning runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipelines.io import read_json
+
+PEERS = {"torch_eager_full": "eager full", "torch_eager_frozen": "eager frozen",
+         "torch_compile_full": "torch.compile"}
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _x(value) -> str:
+    return "" if value is None else f"{value:.2f}x"
+
+
+def load(metrics: Path, cases: dict, deploy: list, devices: list, packages: list) -> dict:
+    """Every metrics file the report reads, by stage and name (absent ones are None)."""
+    def get(stage: str, name: str):
+        path = metrics / stage / f"{name}.json"
+        return read_json(path) if path.exists() else None
+
+    return {
+        "evaluate": {c: get("evaluate", c) for c in cases},
+        "prune": {c: get("prune", c) for c in cases},
+        "optimize": {c: get("optimize", c) for c in cases},
+        "build": {f"{c}-{d}": get("build", f"{c}-{d}") for c in cases
+                  for d in ["host", *(devices if c in deploy else [])]},
+        "benchmark": {f"{c}-{d}": get("benchmark", f"{c}-{d}") for c in deploy for d in devices},
+        "package": {f"{c}-{d}": get("package", f"{c}-{d}") for c in deploy for d in packages},
+        "profile": {c: get("profile", c) for c in deploy},
+        "curves": {c: (get("curves", f"{c}-loss"), get("curves", f"{c}-accuracy"))
+                   for c in cases},
+    }
+
+
+def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[str]:
+    lines = [f"## {model}: its cases on the host, compiled vs PyTorch (same run)", "",
+             "| case | scheme | optimize | trainable | backward FLOPs vs full | ms/step | per s "
+             "| vs eager full | vs eager frozen | vs torch.compile | peak memory vs eager full "
+             "| planned peak | accuracy: before, compiled, PyTorch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        row, case = found["evaluate"][name], cases[name]
+        if row is None:
+            continue
+        speed, tuned = row.get("speed"), row.get("finetune")
+        optimize = case.get("optimize") or {}
+        variant = ", ".join(f"{k}={v}" for k, v in optimize.items()) or "default"
+        if speed:
+            compiled = speed["compiled"]
+            unit = "tokens" if "tokens_per_s" in compiled else "examples"
+            timing = (f"{compiled['median_ms']:.2f} | {compiled[f'{unit}_per_s']:.0f} {unit} | "
+                      + " | ".join(_x(speed.get(f"speedup_vs_{p}")) for p in PEERS) + " | "
+                      + _x(speed.get("memory_vs_torch_eager_full")))
+        else:
+            timing = " | | | | | "
+        accuracy = (f"{tuned['accuracy_before']:.3f}, {tuned['accuracy_compiled']:.3f}, "
+                    f"{tuned['accuracy_pytorch']:.3f}" if tuned else "")
+        cost = row["cost"]
+        lines.append(f"| {name} | {case['scheme']} | {variant} | {cost['trainable_fraction']:.2%} "
+                     f"| {cost['backward_flops_vs_full']:.3f} | {timing} | "
+                     f"{_mib(row['plan']['planned_peak_bytes'])} | {accuracy} |")
+    return lines + ["", "Speedups are PyTorch's median step time over the compiled step's, each "
+                    "case in a fresh process on the host's cores; peak memory is resident "
+                    "memory above each process's baseline.", ""]
+
+
+def sparse_tables(name: str, report: dict, plan: dict) -> list[str]:
+    lines = [f"## {name}: what the scheme `{report['scheme']}` removes from full "
+             "backpropagation", "", "| | full BP | pruned | removed |", "|---|---|---|---|"]
+    for key in ("ops", "flops", "backward_flops", "bytes_produced", "trainable_elements",
+                "param_grad_bytes", "optimizer_state_bytes", "saved_activation_bytes"):
+        lines.append(f"| {key} | {report['full'][key]:,} | {report['pruned'][key]:,} | "
+                     f"{report['removed_fraction'][key]:.1%} |")
+    if report["channel_sparse"]:
+        lines += ["", "Channel-sparse parameters (only these channels' gradient is computed):",
+                  "", "| parameter | axis | channels | gradient slice computed from |",
+                  "|---|---|---|---|"]
+        lines += [f"| {p} | {'output' if c['axis'] == 0 else 'input'} | {c['channels']} | "
+                  f"{'sliced operands' if c['gradient'] == 'operands' else c['gradient']} |"
+                  for p, c in report["channel_sparse"].items()]
+    lines += ["", f"Planned peak (TVM's static memory plan, updates reordered: "
+              f"{plan['reorder_updates']}): {_mib(plan['planned_peak_bytes'])} = inputs "
+              f"{_mib(plan['inputs_bytes'])} + planned intermediates "
+              f"{_mib(plan['planned_storage_bytes'])} + outputs {_mib(plan['outputs_bytes'])}"
+              + (f"; recomputing cheap activations instead: "
+                 f"{_mib(plan['recompute']['planned_peak_bytes'])}" if plan.get("recompute")
+                 else "") + ".", "",
+              "| inputs: weights | buffers | optimizer state | batch | alive at the peak: "
+              "activations for backward | backward workspace | gradients and updates | new "
+              "values |", "|---|---|---|---|---|---|---|---|",
+              "| " + " | ".join(_mib(plan["inputs"][k]) for k in
+                               ("weights", "buffers", "optimizer_state", "batch")) + " | "
+              + " | ".join(_mib(v) for v in plan["liveness"]["at_peak"].values()) + " |", ""]
+    return lines
+
+
+def search_table(name: str, table: dict) -> list[str]:
+    rows = sorted(table["candidates"], key=lambda r: -r["contribution"])[:8]
+    return [f"## {name}: the scheme search (budget {table['budget_mb']:g} MiB)", "",
+            f"Loss drop per byte, measured by short PyTorch fine-tuning runs; gradients + "
+            f"state + saved activations of the chosen scheme "
+            f"{table['chosen_cost_bytes'] / 2**20:.3f} MiB; base mean training loss "
+            f"{table['base_loss']:.4f}. Best candidates:", "",
+            "| layer | channel ratio | loss drop | memory cost | chosen |", "|---|---|---|---|---|",
+            *[f"| {r['module']} | {r['ratio']:g} | {r['contribution']:+.4f} | "
+              f"{r['cost_bytes'] / 2**10:.1f} KiB | {'yes' if r['chosen'] else ''} |"
+              for r in rows], ""]
+
+
+def kernel_profile(name: str, profile: dict) -> list[str]:
+    def share(table: dict) -> str:
+        return ", ".join(f"{k} {v['ms_per_step']:.2f} ms ({v['share']:.0%})"
+                         for k, v in table.items())
+
+    lines = [f"## {name}: where the time goes (host build, kernel by kernel)", "",
+             f"{profile['calls_per_step']} VM calls per step take {profile['kernel_time_ms']:.2f} "
+             f"ms (the plain step: {profile['plain_step_ms']:.2f} ms). Timing every call costs "
+             f"about {profile['instrument_us_per_call']:.1f} µs per call, part of which lands "
+             "inside the timed calls: small calls, such as the VM's builtins, read high.", "",
+             f"- by phase: {share(profile['phases'])}",
+             f"- by kind: {share(profile['kinds'])}", "",
+             "| kernel | phase | kind | calls/step | ms/step | share |", "|---|---|---|---|---|---|"]
+    lines += [f"| `{r['kernel']}` | {r['phase']} | {r['kind']} | {r['calls_per_step']} | "
+              f"{r['ms_per_step']:.3f} | {r['share']:.1%} |" for r in profile["top_kernels"]]
+    return lines + [""]
+
+
+def device_table(found: dict) -> list[str]:
+    lines = ["## Devices", "", "| case | device | target | built | ran | matches the host "
+             "build | step latency |", "|---|---|---|---|---|---|---|"]
+    for key, bench in found["benchmark"].items():
+        built = found["build"].get(key)
+        if bench is None or built is None:
+            continue
+        tuned = (built.get("kernel_schedules") or {}).get("tuned")
+        what = (f"{built['library']}, {_mib(built['library_bytes'])}"
+                + (" (objects the device links)" if built["links_on_device"] else "")
+                + (f"; {tuned} kernels tuned" if tuned else ""))
+        if not bench["ran"]:
+            ran, matches, latency = f"not run ({bench['runner']})", "", ""
+        elif bench["verdict"] == "out_of_memory":
+            ran, matches, latency = bench["runner"], "", f"out of memory ({bench['memory_mb']} MiB)"
+        else:
+            ran = bench["runner"]
+            matches = (f"{'yes' if bench['matches_host'] else 'NO'} (loss {bench['loss']:.6f} "
+                       f"vs {bench['loss_host']:.6f})")
+            latency = (f"{bench['emulated']['median_ms']:.1f} ms emulated (qemu, not the "
+                       "device's speed)" if "emulated" in bench
+                       else f"{bench['container']['median_ms']:.2f} ms in a container (this "
+                       "machine's cores)" if "container" in bench
+                       else f"{bench['compiled']['median_ms']:.2f} ms")
+        case, device = key.rsplit("-", 1)
+        lines.append(f"| {case} | {device} | {built['target']} | {what} | {ran} | {matches} | "
+                     f"{latency} |")
+    packages = [(k, p) for k, p in found["package"].items() if p]
+    if packages:
+        lines += ["", "| package | image | trial within the device's limits |", "|---|---|---|"]
+        for key, metrics in packages:
+            trial = metrics["trial"]
+            result = (f"ok: {trial['steps']} steps at {trial['ms_per_step']:.1f} ms, peak "
+                      f"{_mib(trial['peak_rss_bytes'])}" if trial["verdict"] == "ok"
+                      else trial.get("reason", trial["verdict"]))
+            lines.append(f"| {key} | `{metrics['image']}` | {result} |")
+    return lines + [""]
+
+
+def render(found: dict, cases: dict, deploy: list) -> str:
+    by_model: dict[str, list[str]] = {}
+    for name, case in cases.items():
+        by_model.setdefault(case["model"], []).append(name)
+    lines = ["# pockengine report", "",
+             f"{len(cases)} cases compiled through the chain (params.yaml `cases`) and evaluated "
+             f"on the host; deployed: {', '.join(deploy) or 'none'}.", "",
+             "![step latency per case](plots/latency.svg)", "",
+             "![training memory per case](plots/memory.svg)", ""]
+    for model, names in by_model.items():
+        lines += case_table(model, names, cases, found)
+    for name in deploy:
+        if found["prune"][name] and found["optimize"][name]:
+            lines += sparse_tables(name, found["prune"][name], found["optimize"][name])
+        if found["curves"][name][0]:
+            lines += [f"![{name}: fine-tuning loss and accuracy, compiled vs PyTorch]"
+                      f"(plots/finetune-{name}.svg)", ""]
+        if found["profile"].get(name):
+            lines += kernel_profile(name, found["profile"][name])
+    for name, report in found["prune"].items():
+        if report and report.get("search"):
+            lines += search_table(name, report["search"])
+    return "\n".join(lines + device_table(found))

@@ -1,0 +1,290 @@
+"""Docker images made here, with no registry and no `docker build`: content-addressed layers.
+
+An image is a stack of layer tarballs:
+1. Debian: a minimal bookworm for the device's architecture (python3 and the C++ runtime),
+   made by mmdebstrap with SOURCE_DATE_EPOCH fixed, so the same Debian packages give the same
+   bytes;
+2. Python: the device's wheels of TVM and numpy at the versions installed here;
+3. for a package, the application (pipelines/evaluate/package.py).
+Every layer is a deterministic tar (sorted names, zero times and owners) and the image config
+has fixed times, so the image ID, the sha256 of the config, is a hash of the content: the same
+inputs give the same ID, and the tag is derived from it. A stage records the ID beside its DVC
+outputs; when the engine lacks the image, the stage that needs it loads it again from the same
+layers, and the ID must come out the same.
+
+The Debian and Python layers are cached under ~/.cache/pockengine/layers, keyed by what they
+are made from (architecture, packages, wheel versions).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+from pipelines.config import ConfigError
+from pipelines.io import sha256_file
+from pipelines.profiles import PROFILES
+from pipelines.runtime.emulation import (ARCHITECTURES, DEBIAN, WHEELS, debian_command,
+                                 device_architecture, install_wheels)
+
+CACHE = Path(os.environ.get("POCKENGINE_CACHE", "~/.cache/pockengine")).expanduser() / "layers"
+ENGINE_HELP = ("start one as root: `dockerd --storage-driver=vfs --iptables=false --bridge=none &` "
+               "(Debian package docker.io; `pock setup` installs and starts it)")
+SITE = "opt/pockengine"  # where the Python layer puts TVM and numpy (on PYTHONPATH)
+EPOCH = "0"              # SOURCE_DATE_EPOCH for mmdebstrap
+
+
+def engine():
+    """A client of the local Docker engine, or a ConfigError saying how to start one."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except docker.errors.DockerException as err:
+        raise ConfigError(f"no Docker engine answers ({err}); {ENGINE_HELP}") from None
+    return client
+
+
+def start_engine(wait_s: float = 60) -> str:
+    """Start dockerd (as root) where none answers, as DESIGN.md says works here: vfs storage,
+    no iptables, no bridge (containers run with no network). Returns what it did."""
+    import time
+
+    try:
+        engine()
+        return "a Docker engine already answers"
+    except ConfigError:
+        pass
+    if shutil.which("dockerd") is None:
+        raise ConfigError("dockerd is not on PATH; install the Debian package docker.io")
+    log = CACHE.parent / "dockerd.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as handle:
+        subprocess.Popen(["dockerd", "--storage-driver=vfs", "--iptables=false",
+                          "--bridge=none"], stdout=handle, stderr=handle,
+                         start_new_session=True)  # outlives this command
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            engine()
+            return f"started dockerd (log: {log})"
+        except ConfigError:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"dockerd did not answer within {wait_s:.0f} s; see {log}")
+            time.sleep(1)
+
+
+@functools.lru_cache(maxsize=None)
+def _digest(path: str, size: int, mtime: int) -> str:
+    return sha256_file(Path(path))
+
+
+def diff_id(path: Path) -> str:
+    """A layer's digest (cached: the layers are hundreds of MiB)."""
+    stat = Path(path).stat()
+    return "sha256:" + _digest(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def add_tree(tar: tarfile.TarFile, directory: Path, prefix: str) -> None:
+    """``directory``'s contents under ``prefix`` in ``tar``, reproducibly."""
+    directory = Path(directory)
+    for path in sorted(directory.rglob("*"), key=lambda p: str(p.relative_to(directory))):
+        info = tar.gettarinfo(str(path), arcname=f"{prefix}/{path.relative_to(directory)}")
+        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+        if info.isfile():
+            with open(path, "rb") as handle:
+                tar.addfile(info, handle)
+        else:
+            tar.addfile(info)
+
+
+def _cached(name: str, make) -> Path:
+    """The cached layer ``name``, made by ``make(path)`` into a temporary file if missing."""
+    path = CACHE / name
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=CACHE, prefix=f".{name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            make(Path(tmp))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return path
+
+
+def debian_layer(arch: str) -> Path:
+    def make(path: Path) -> None:
+        env = dict(os.environ, SOURCE_DATE_EPOCH=EPOCH)
+        # mmdebstrap picks the output format from the name
+        subprocess.run(debian_command(arch, path.with_suffix(".tar")), check=True, env=env)
+        os.replace(path.with_suffix(".tar"), path)
+
+    return _cached(f"debian-{arch}-{_key('bookworm', DEBIAN, EPOCH)}.tar", make)
+
+
+def python_layer(arch: str) -> Path:
+    wheels = {w: version(w) for w in WHEELS}
+
+    def make(path: Path) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            site = Path(tmp)
+            install_wheels(arch, site)
+            # Console scripts carry the shebang of the interpreter pip ran under (this
+            # checkout's venv), so the layer would depend on where it was made; the image runs
+            # python3 itself. Left out, with their RECORD lines.
+            shutil.rmtree(site / "bin", ignore_errors=True)
+            for record in site.glob("*.dist-info/RECORD"):
+                lines = record.read_text().splitlines(keepends=True)
+                record.write_text("".join(l for l in lines if not l.startswith("../")))
+            with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+                add_tree(tar, site, SITE)
+
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return _cached(f"python-{arch}-{_key(python, wheels, 'no-scripts')}.tar", make)
+
+
+def packageable(profile: dict) -> str:
+    """The architecture of the image that runs the profile's build, or a ConfigError: the image
+    holds a shared library and TVM's CPU runtime."""
+    source = f"{PROFILES.name}/{profile['name']}.yaml"
+    if profile["toolchain"]["output"] != "shared" or profile["target"]["kind"] != "llvm":
+        raise ConfigError(f"{source}: a container image runs a CPU build linked here (target "
+                          f"kind llvm, toolchain.output shared); this profile has target kind "
+                          f"{profile['target']['kind']!r} and output "
+                          f"{profile['toolchain']['output']!r}")
+    return device_architecture(profile, "a container image")
+
+
+def runs_here(arch: str) -> str | None:
+    """None if this machine runs images of ``arch`` natively, else why not."""
+    machine = os.uname().machine
+    return None if arch == machine else (
+        f"the {ARCHITECTURES[arch][0]} image is built, not run: this machine ({machine}) runs "
+        "containers of its own architecture only")
+
+
+def runtime_layers(arch: str) -> list[Path]:
+    """Debian and Python layers for a device of architecture ``arch`` (target mtriple's)."""
+    if arch not in ARCHITECTURES:
+        raise ConfigError(f"no container image for architecture {arch!r}; allowed: "
+                          f"{sorted(ARCHITECTURES)}")
+    return [debian_layer(arch), python_layer(arch)]
+
+
+def image_config(arch: str, layers: list[Path], config: dict) -> bytes:
+    """The image's config JSON; its sha256 is the image ID."""
+    return json.dumps({
+        "architecture": ARCHITECTURES[arch][0], "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin",
+                           f"PYTHONPATH=/{SITE}", "PYTHONNOUSERSITE=1",
+                           "PYTHONDONTWRITEBYTECODE=1"], **config},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id(p) for p in layers]},
+    }, sort_keys=True, separators=(",", ":")).encode()
+
+
+def ensure_image(client, arch: str, layers: list[Path], config: dict, repository: str) -> dict:
+    """The image of ``layers`` with ``config`` in the engine, loaded if it is not there yet;
+    tagged ``repository:<first 12 hex digits of its ID>``. Returns its ID, tag and layers."""
+    import docker
+
+    body = image_config(arch, layers, config)
+    ident = "sha256:" + hashlib.sha256(body).hexdigest()
+    tag = f"{repository}:{ident[7:19]}"
+    try:
+        client.images.get(ident)
+    except docker.errors.ImageNotFound:
+        with tempfile.TemporaryFile(dir=CACHE if CACHE.exists() else None) as archive:
+            _write_archive(archive, body, layers, tag)
+            archive.seek(0)
+            loaded = client.images.load(archive)
+        if [image.id for image in loaded] != [ident]:
+            raise RuntimeError(f"docker load gave {[i.id for i in loaded]}, expected {ident}")
+    client.images.get(ident).tag(*tag.split(":"))
+    return {"id": ident, "tag": tag, "architecture": ARCHITECTURES[arch][0],
+            "layers": [{"file": p.name, "diff_id": diff_id(p),
+                        "bytes": p.stat().st_size} for p in layers]}
+
+
+def _write_archive(handle, config: bytes, layers: list[Path], tag: str) -> None:
+    """A `docker load` archive: the config, one directory per layer and manifest.json."""
+    def add(tar, name, data=None, path=None):
+        info = tarfile.TarInfo(name)
+        info.size = len(data) if data is not None else Path(path).stat().st_size
+        if data is not None:
+            tar.addfile(info, io.BytesIO(data))
+        else:
+            with open(path, "rb") as layer:
+                tar.addfile(info, layer)
+
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    names = [f"{diff_id(p)[7:]}/layer.tar" for p in layers]
+    manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": names}]
+    with tarfile.open(fileobj=handle, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        add(tar, config_name, data=config)
+        for name, path in zip(names, layers):
+            add(tar, name, path=path)
+        add(tar, "manifest.json", data=json.dumps(manifest).encode())
+
+
+class OutOfMemory(Exception):
+    """The container went over the profile's memory and the kernel killed it."""
+
+
+def run_limited(client, image: str, command: list[str], profile: dict, mounts: dict,
+                timeout_s: float) -> str:
+    """Run ``command`` in ``image`` limited to the profile's cores and memory (no swap, no
+    network); ``mounts`` maps host paths to (container path, mode). Returns the logs; raises
+    OutOfMemory if the kernel killed it for memory, RuntimeError if it failed, TimeoutError
+    past ``timeout_s``."""
+    import requests
+
+    cores, memory = int(profile["cores"]), int(profile["memory_mb"])
+    if cores > (os.cpu_count() or 1):
+        raise ConfigError(f"device_profiles/{profile['name']}.yaml: cores={cores}, but this "
+                          f"machine has {os.cpu_count()}; a container cannot be given more "
+                          f"(allowed: 1 to {os.cpu_count()})")
+    container = client.containers.create(
+        image, command, detach=True, network_mode="none", network_disabled=True,
+        nano_cpus=cores * 10**9, cpuset_cpus=f"0-{cores - 1}",
+        mem_limit=f"{memory}m", memswap_limit=f"{memory}m",  # equal: no swap
+        # OpenBLAS on one thread: the step splits its products over TVM's pool, and the
+        # threads OpenBLAS otherwise starts when it loads slow the step (pipelines/schedules.py).
+        environment={"TVM_NUM_THREADS": str(cores), "OMP_NUM_THREADS": str(cores),
+                     "OPENBLAS_NUM_THREADS": "1"},
+        volumes={str(host): {"bind": inside, "mode": mode}
+                 for host, (inside, mode) in mounts.items()})
+    try:
+        container.start()
+        try:
+            status = container.wait(timeout=timeout_s)
+        except requests.exceptions.ConnectionError as err:  # the SDK's read timeout
+            raise TimeoutError(f"container of {image}: over {timeout_s:.0f} s") from err
+        container.reload()
+        logs = container.logs().decode(errors="replace")
+        if container.attrs["State"]["OOMKilled"]:
+            raise OutOfMemory(f"killed for memory: over memory_mb={memory} "
+                              f"({profile['name']}'s memory)\n{logs[-2000:]}")
+        if status["StatusCode"] != 0:
+            raise RuntimeError(f"container of {image} exited with {status['StatusCode']}:\n"
+                               f"{logs[-3000:]}")
+        return logs
+    finally:
+        container.remove(force=True)

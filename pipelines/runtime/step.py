@@ -1,0 +1,132 @@
+"""A built training step: a directory holding the step library and ``signature.json``. Loading
+it and holding the training state between steps (``CompiledStep``).
+
+Evaluation, fine-tuning, packaging and the tests call the compiled step through this one class.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
+import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts, before they start)
+
+LIBRARY, SIGNATURE = "step.so", "signature.json"
+
+
+class CompiledStep:
+    """A loaded ``train_step`` plus its state (parameters, buffers, optimizer state)."""
+
+    def __init__(self, build_dir: Path, initial: dict[str, np.ndarray]):
+        build_dir = Path(build_dir)
+        self.signature = json.loads((build_dir / SIGNATURE).read_text())
+        self.device = tvm.cpu()
+        self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(build_dir / LIBRARY)),
+                                       self.device)
+        self.function = self.vm["train_step"]
+        self.data = self.signature["data"]  # the step's data inputs: the model's, then labels
+        self.state_names = self.signature["inputs"][len(self.data):]
+        self.optimizer_state = self.signature["optimizer_state"]
+        self.state = {name: tvm.runtime.tensor(value, self.device)
+                      for name, value in initial_state(self.signature, initial).items()}
+        # Output i (after the loss) is the new value of state entry updates[i].
+        self.updates = [name.removeprefix("new_") for name in self.signature["outputs"][1:]]
+
+    def arguments(self, *data: np.ndarray) -> list:
+        if len(data) != len(self.data):
+            raise TypeError(f"the step takes {self.data}, got {len(data)} arrays")
+        return ([tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in data]
+                + [self.state[n] for n in self.state_names])
+
+    def step(self, *data: np.ndarray) -> float:
+        """One training step on a batch (the model's inputs, then the labels); the loss."""
+        outputs = self.function(*self.arguments(*data))
+        for name, value in zip(self.updates, list(outputs)[1:]):
+            self.state[name] = value
+        return float(outputs[0].numpy())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Parameters and buffers under their names in the source (for ``load_state_dict``)."""
+        names = self.signature["source_names"]
+        return {names[n]: torch.from_numpy(v.numpy()) for n, v in self.state.items()
+                if n in names}
+
+    def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Copy the step's weights and running statistics into ``model``. Only batch-norm
+        ``num_batches_tracked`` counters are not carried (a fixed momentum never reads them)."""
+        state = self.state_dict()
+        untracked = [k for k in model.state_dict() if k not in state
+                     and not k.endswith("num_batches_tracked")]
+        if untracked:
+            raise KeyError(f"compiled step holds no value for {untracked}")
+        model.load_state_dict(state, strict=False)
+        return model
+
+    def torch_optimizer(self, model: torch.nn.Module):
+        """An optimizer over the step's trainable parameters of ``model``, with the same
+        hyper-parameters and the compiled step's optimizer state loaded into it: a
+        ``torch.optim`` one, or for a channel-sparse step a ``ChannelSparse`` whose
+        slice-shaped state continues exactly where the compiled step stopped."""
+        from pipelines.models.torch_twin import ChannelSparse
+
+        spec = self.signature["optimizer"]
+
+        def make(params):
+            return getattr(torch.optim, spec["torch_class"])(params, **spec["kwargs"])
+
+        selection = selection_of(self.signature)
+        named = dict(model.named_parameters())
+        if any(selection.values()):
+            wrapper = ChannelSparse(named, selection, make)
+            optimizer = wrapper.optimizer
+        else:
+            wrapper = optimizer = make([named[n] for n in selection])
+        state = optimizer.state_dict()
+        index = {p: i for i, p in enumerate(self.signature["trainable"])}
+        per_param: dict[int, dict] = {i: {} for i in index.values()}
+        shared = {}
+        for name, info in self.optimizer_state.items():
+            value = torch.from_numpy(self.state[name].numpy())
+            if info["param"] is None:
+                shared[info["torch"]] = value
+            else:
+                per_param[index[info["param"]]][info["torch"]] = value
+        if self.optimizer_state:  # plain SGD has none
+            # torch.optim increments each parameter's step count in place: one copy each.
+            state["state"] = {i: slots | {k: v.clone() for k, v in shared.items()}
+                              for i, slots in per_param.items()}
+        optimizer.load_state_dict(state)
+        return wrapper
+
+
+def initial_state(signature: dict, initial: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The step's state before its first call, by input name: ``initial``'s parameters and
+    buffers, and the optimizer state at zero, as in torch.optim."""
+    state = {}
+    for name in signature["inputs"][len(signature["data"]):]:
+        if name in signature["optimizer_state"]:
+            info = signature["optimizer_state"][name]
+            # A channel-sparse parameter's state holds only its selected channels.
+            shape = info.get("shape", initial[info["param"]].shape if info["param"] else ())
+            value = np.zeros(shape, "float32")
+        else:
+            value = initial[name]
+        state[name] = np.array(value, order="C")
+    return state
+
+
+def initial_from(model: torch.nn.Module, signature: dict) -> dict[str, np.ndarray]:
+    """The step's parameters and buffers (by their names in the step) from ``model``."""
+    state = model.state_dict()
+    return {r: state[t].numpy() for r, t in signature["source_names"].items()}
+
+
+def selection_of(signature: dict) -> dict[str, dict | None]:
+    """The scheme's selection a step was built with, under the source's names (training/scheme.py:
+    None for a whole parameter, {"axis", "index"} for some channels)."""
+    names, channels = signature["source_names"], signature.get("channels", {})
+    return {names[p]: channels.get(p) for p in signature["trainable"]}

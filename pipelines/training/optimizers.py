@@ -1,0 +1,137 @@
+"""Optimizers compiled into the training step, with the exact update rules of ``torch.optim``
+(each class's docstring gives its update as plain arithmetic).
+
+An optimizer's state is explicit: per-parameter slots (named ``<slot>_<param>``) and global
+slots (a step counter) are inputs of the step, and their new values are outputs. Every update
+binding is named ``opt_<param>...`` so later passes (update reordering, the memory breakdown)
+can find the update of each parameter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import relax
+from tvm.relax.op import add, astype, divide, multiply, power, sqrt, subtract
+
+from pipelines.ir import dtype_of
+
+UPDATE_PREFIX = "opt_"
+
+
+def _const(value: float, like) -> relax.Constant:
+    return relax.const(value, dtype_of(like))
+
+
+@dataclass(frozen=True)
+class SGD:
+    """torch.optim.SGD (dampening 0): g += wd*w; b = mu*b + g; g = g + mu*b if nesterov else b;
+    w -= lr*g. The buffer starts at zero, which gives PyTorch's first step (b = g) exactly."""
+
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+    torch_class = "SGD"
+
+    @property
+    def slots(self) -> dict[str, str]:
+        """Per-parameter state: slot -> key in torch.optim's state dict."""
+        return {"m": "momentum_buffer"} if self.momentum else {}
+
+    @property
+    def global_slots(self) -> dict[str, str]:
+        return {}  # no state shared between parameters
+
+    def prepare(self, bb, state: dict) -> tuple[dict, dict]:
+        return {}, {}
+
+    def update(self, bb, name: str, w, g, state: dict, shared: dict):
+        emit = _emitter(bb, name)
+        if self.weight_decay:
+            g = emit(add(g, multiply(w, _const(self.weight_decay, w))))
+        new_state = {}
+        if self.momentum:
+            b = emit(add(multiply(state["m"], _const(self.momentum, w)), g))
+            new_state["m"] = b
+            g = emit(add(g, multiply(b, _const(self.momentum, w)))) if self.nesterov else b
+        return emit(subtract(w, multiply(g, _const(self.lr, w)))), new_state
+
+    def torch_kwargs(self) -> dict:
+        return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
+                "nesterov": self.nesterov}
+
+
+@dataclass(frozen=True)
+class Adam:
+    """torch.optim.Adam, or AdamW when ``decoupled`` (weight decay applied to w, not to g):
+    t += 1; m = lerp(m, g, 1-b1); v = b2*v + (1-b2)*g*g;
+    w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
+    The bias corrections are computed once per step in float64, as PyTorch does on the host."""
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    decoupled: bool = False
+
+    @property
+    def torch_class(self) -> str:
+        return "AdamW" if self.decoupled else "Adam"
+
+    @property
+    def slots(self) -> dict[str, str]:
+        return {"m": "exp_avg", "v": "exp_avg_sq"}
+
+    @property
+    def global_slots(self) -> dict[str, str]:
+        return {"step": "step"}
+
+    def prepare(self, bb, state: dict) -> tuple[dict, dict]:
+        """Emit the new step count and this step's bias-correction factors (float32 scalars)."""
+        emit = _emitter(bb, "step")
+        step = emit(add(state["step"], relax.const(1.0, "float32")))
+        t = emit(astype(step, "float64"))
+
+        def correction(beta):
+            return emit(subtract(relax.const(1.0, "float64"),
+                                 power(relax.const(beta, "float64"), t)))
+
+        c1, c2 = correction(self.beta1), correction(self.beta2)
+        step_size = emit(astype(divide(relax.const(self.lr, "float64"), c1), "float32"))
+        c2_sqrt = emit(astype(sqrt(c2), "float32"))
+        return {"step": step}, {"step_size": step_size, "c2_sqrt": c2_sqrt}
+
+    def update(self, bb, name: str, w, g, state: dict, shared: dict):
+        emit = _emitter(bb, name)
+        if self.weight_decay and self.decoupled:
+            w = emit(multiply(w, _const(1.0 - self.lr * self.weight_decay, w)))
+        elif self.weight_decay:
+            g = emit(add(g, multiply(w, _const(self.weight_decay, w))))
+        m = emit(add(state["m"], multiply(subtract(g, state["m"]), _const(1 - self.beta1, w))))
+        v = emit(add(multiply(state["v"], _const(self.beta2, w)),
+                     multiply(multiply(g, g), _const(1 - self.beta2, w))))
+        denom = emit(add(divide(sqrt(v), shared["c2_sqrt"]), _const(self.eps, w)))
+        new_w = emit(subtract(w, multiply(divide(m, denom), shared["step_size"])))
+        return new_w, {"m": m, "v": v}
+
+    def torch_kwargs(self) -> dict:
+        return {"lr": self.lr, "betas": (self.beta1, self.beta2), "eps": self.eps,
+                "weight_decay": self.weight_decay}
+
+
+def _emitter(bb, name: str):
+    def emit(expr):
+        return bb.emit(expr, name_hint=f"{UPDATE_PREFIX}{name}")
+    return emit
+
+
+def from_config(optimizer):
+    """The compiled optimizer for a pipelines/config.py optimizer (SGD or Adam, checked there)."""
+    if optimizer.kind == "sgd":
+        return SGD(lr=optimizer.lr, momentum=optimizer.momentum,
+                   weight_decay=optimizer.weight_decay, nesterov=optimizer.nesterov)
+    beta1, beta2 = optimizer.betas
+    return Adam(lr=optimizer.lr, beta1=beta1, beta2=beta2, eps=optimizer.eps,
+                weight_decay=optimizer.weight_decay, decoupled=optimizer.kind == "adamw")

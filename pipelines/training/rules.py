@@ -1,0 +1,194 @@
+"""Gradient rules that TVM 0.27's Relax lacks and the reference models need (MobileNetV2:
+clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
+embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU).
+
+Each rule is checked numerically against PyTorch autograd in tests/training/test_rules.py.
+Rules are registered once, on import; a rule TVM later ships itself is left in place.
+"""
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import relax
+from tvm.relax.op import (add, collapse_sum_to, divide, erf, exp, greater, less, logical_and,
+                          mean, multiply, reshape, sqrt, subtract, sum as rsum, tanh, variance,
+                          where, zeros_like)
+from tvm.relax.op.base import register_gradient
+from tvm.relax.op.nn import pad as pad_zeros
+from tvm.relax.op._op_gradient import no_grad
+
+from pipelines.ir import dtype_of, shape_of
+
+
+def clip_grad(orig_var, orig_call, output_grad, ctx):
+    """y = clip(x, lo, hi) (ReLU6 is clip(x, 0, 6)): dx = dy where lo < x < hi, as PyTorch's
+    hardtanh_backward, which passes no gradient at the bounds themselves."""
+    x, lo, hi = orig_call.args
+    dtype = dtype_of(x)
+    inside = logical_and(greater(x, relax.const(float(lo.value), dtype)),
+                         less(x, relax.const(float(hi.value), dtype)))
+    return [where(inside, output_grad, zeros_like(output_grad)), no_grad(lo), no_grad(hi)]
+
+
+def batch_norm_grad(orig_var, orig_call, output_grad, ctx):
+    """(y, new_mean, new_var) = batch_norm(x, gamma, beta, mean, var).
+
+    Training mode normalises with batch statistics, so the classic fused form applies:
+    dx = gamma * rstd / N * (N * dy - sum(dy) - xhat * sum(dy * xhat)),
+    dgamma = sum(dy * xhat), dbeta = sum(dy). Eval mode is affine in x.
+    Only y carries gradient; the running statistics are state, not differentiable.
+    """
+    x, gamma, beta, moving_mean, moving_var = orig_call.args
+    attrs = orig_call.attrs
+    axis = int(attrs.axis)
+    dims = shape_of(x)
+    reduce_axes = [i for i in range(len(dims)) if i != axis]
+    bshape = [dims[i] if i == axis else 1 for i in range(len(dims))]
+    dtype = dtype_of(x)
+    dy = relax.TupleGetItem(output_grad, 0)
+    eps = relax.const(float(attrs.epsilon), dtype)
+    if attrs.training:
+        mu = mean(x, reduce_axes, keepdims=True)
+        rstd = divide(relax.const(1.0, dtype), sqrt(add(variance(x, reduce_axes, keepdims=True),
+                                                        eps)))
+    else:
+        mu = reshape(moving_mean, bshape)
+        rstd = divide(relax.const(1.0, dtype), sqrt(add(reshape(moving_var, bshape), eps)))
+    xhat = multiply(subtract(x, mu), rstd)
+    dbeta = rsum(dy, reduce_axes)
+    dgamma = rsum(multiply(dy, xhat), reduce_axes)
+    scale = multiply(reshape(gamma, bshape), rstd) if attrs.scale else rstd
+    if attrs.training:
+        n = 1
+        for i in reduce_axes:
+            n *= dims[i]
+        centred = subtract(subtract(dy, reshape(divide(dbeta, relax.const(float(n), dtype)),
+                                                bshape)),
+                           multiply(xhat, reshape(divide(dgamma, relax.const(float(n), dtype)),
+                                                  bshape)))
+        dx = multiply(scale, centred)
+    else:
+        dx = multiply(scale, dy)
+    return [dx, dgamma, dbeta, no_grad(moving_mean), no_grad(moving_var)]
+
+
+def rsqrt_grad(orig_var, orig_call, output_grad, ctx):
+    """y = 1 / sqrt(x): dx = -y^3 / 2 * dy."""
+    dtype = dtype_of(orig_var)
+    cube = multiply(orig_var, multiply(orig_var, orig_var))
+    return [multiply(output_grad, multiply(relax.const(-0.5, dtype), cube))]
+
+
+def strided_slice_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x[begin:end] along some axes, unit strides: dx is dy padded with zeros back to the
+    shape of x (positions outside the slice get no gradient)."""
+    x = orig_call.args[0]
+    dims = shape_of(x)
+    axes, begin, end = ([int(v.value) for v in arg.fields] for arg in orig_call.args[1:4])
+    strides = ([int(v.value) for v in orig_call.args[4].fields] if len(orig_call.args) > 4
+               else [1] * len(axes))
+    if any(s != 1 for s in strides):
+        raise NotImplementedError("strided_slice gradient: only unit strides are supported "
+                                  f"(got strides {strides})")
+    pad = [[0, 0] for _ in dims]
+    for axis, b, e in zip(axes, begin, end):
+        axis %= len(dims)
+        b = min(max(b + dims[axis] if b < 0 else b, 0), dims[axis])
+        e = min(max(e + dims[axis] if e < 0 else e, 0), dims[axis])
+        pad[axis] = [b, dims[axis] - e]
+    return [pad_zeros(output_grad, [p for pair in pad for p in pair])] + [
+        no_grad(arg) for arg in orig_call.args[1:]]
+
+
+def erf_grad(orig_var, orig_call, output_grad, ctx):
+    """y = erf(x): dx = 2 / sqrt(pi) * exp(-x^2) * dy."""
+    x = orig_call.args[0]
+    dtype = dtype_of(x)
+    density = exp(multiply(relax.const(-1.0, dtype), multiply(x, x)))
+    return [multiply(output_grad, multiply(relax.const(2 / math.sqrt(math.pi), dtype), density))]
+
+
+def gelu_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x * Phi(x), Phi the standard normal CDF: dx = (Phi(x) + x * phi(x)) * dy."""
+    x = orig_call.args[0]
+    dtype = dtype_of(x)
+    cdf = multiply(relax.const(0.5, dtype), add(relax.const(1.0, dtype),
+                                                erf(multiply(x, relax.const(math.sqrt(0.5),
+                                                                            dtype)))))
+    pdf = multiply(relax.const(1 / math.sqrt(2 * math.pi), dtype),
+                   exp(multiply(relax.const(-0.5, dtype), multiply(x, x))))
+    return [multiply(output_grad, add(cdf, multiply(x, pdf)))]
+
+
+def gelu_tanh_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x/2 * (1 + tanh(u)), u = sqrt(2/pi) * (x + 0.044715 x^3):
+    dx = (1/2 * (1 + t) + x/2 * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)) * dy."""
+    x = orig_call.args[0]
+    dtype = dtype_of(x)
+
+    def c(v):
+        return relax.const(v, dtype)
+
+    x2 = multiply(x, x)
+    t = tanh(multiply(c(math.sqrt(2 / math.pi)), add(x, multiply(c(0.044715), multiply(x2, x)))))
+    du = multiply(c(math.sqrt(2 / math.pi)), add(c(1.0), multiply(c(3 * 0.044715), x2)))
+    dx = add(multiply(c(0.5), add(c(1.0), t)),
+             multiply(multiply(c(0.5), x), multiply(subtract(c(1.0), multiply(t, t)), du)))
+    return [multiply(output_grad, dx)]
+
+
+def layer_norm_grad(orig_var, orig_call, output_grad, ctx):
+    """y = xhat * gamma + beta, xhat = (x - mean) * rstd over ``axes``:
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma (means over ``axes``),
+    dgamma = sum(dy * xhat), dbeta = sum(dy) over the other axes: the fused form, with no
+    decomposed mean/variance graph to differentiate."""
+    x, gamma, beta = orig_call.args
+    attrs = orig_call.attrs
+    dims = shape_of(x)
+    axes = [int(a) % len(dims) for a in attrs.axes]
+    dtype = dtype_of(x)
+    mu = mean(x, axes, keepdims=True)
+    rstd = divide(relax.const(1.0, dtype),
+                  sqrt(add(variance(x, axes, keepdims=True),
+                           relax.const(float(attrs.epsilon), dtype))))
+    xhat = multiply(subtract(x, mu), rstd)
+    g = multiply(output_grad, gamma) if attrs.scale else output_grad
+    dx = multiply(rstd, subtract(subtract(g, mean(g, axes, keepdims=True)),
+                                 multiply(xhat, mean(multiply(g, xhat), axes, keepdims=True))))
+    dgamma = (collapse_sum_to(multiply(output_grad, xhat), gamma.ty.shape) if attrs.scale
+              else no_grad(gamma))
+    dbeta = collapse_sum_to(output_grad, beta.ty.shape) if attrs.center else no_grad(beta)
+    return [dx, dgamma, dbeta]
+
+
+RULES = {
+    "relax.clip": clip_grad,
+    "relax.nn.batch_norm": batch_norm_grad,
+    "relax.rsqrt": rsqrt_grad,
+    "relax.strided_slice": strided_slice_grad,
+    "relax.erf": erf_grad,
+    "relax.nn.gelu": gelu_grad,
+    "relax.nn.gelu_tanh": gelu_tanh_grad,
+    "relax.nn.layer_norm": layer_norm_grad,
+}
+
+
+
+def register() -> None:
+    """Register the project's rules for ops that have none in this TVM."""
+    for op_name, rule in RULES.items():
+        op = tvm.ir.Op.get(op_name)
+        if op.get_attr("FPrimalGradient") is None:
+            register_gradient(op_name, rule)
+
+
+def ops_without_gradient(func: relax.Function) -> list[tuple[str, str]]:
+    """(op name, binding var name) of each bound call in ``func`` that has no gradient rule."""
+    return [(binding.value.op.name, binding.var.name)
+            for block in func.body.blocks for binding in block.bindings
+            if isinstance(binding.value, relax.Call) and isinstance(binding.value.op, tvm.ir.Op)
+            and binding.value.op.get_attr("FPrimalGradient") is None]
+
+
+register()

@@ -1,0 +1,31 @@
+"""package@<case>-<device>: a Docker image that fine-tunes the case's model on the device: its
+build, starting weights and an entrypoint on TVM's runtime (pipelines/evaluate/package.py),
+tried within the device's cores and memory on ``package.trial_steps`` seeded batches.
+
+Output: artifacts/cases/<case>/<device>/package/ (app.tar, the application layer; image.json,
+the image's ID, tag, layers and how to run it); artifacts/metrics/package/<case>-<device>.json
+(the trial's verdict, time per step, peak memory).
+"""
+import sys
+
+from pipelines.config import load_params, run_stage
+from pipelines.evaluate.package import package
+from pipelines.io import atomic_dir, load_arrays, write_json_atomic
+from pipelines.layout import case_dir, device_dir, metrics_path
+from pipelines.profiles import resolved_profile
+
+
+def main(name: str, device: str) -> None:
+    params = load_params()
+    with atomic_dir(device_dir(name, device, "package")) as tmp:
+        metrics = package(name, device, resolved_profile(device),
+                          device_dir(name, device, "build"),
+                          load_arrays(case_dir(name, "autodiff") / "initial.npz"),
+                          params.package.trial_steps, params.seed, tmp)
+    write_json_atomic(metrics_path("package", f"{name}-{device}"), metrics)
+    print(f"package@{name}-{device}: {metrics['image']}\n  {metrics['run']}\n  trial: "
+          f"{metrics['trial']['verdict']}")
+
+
+if __name__ == "__main__":
+    run_stage(lambda: main(sys.argv[1], sys.argv[2]))
