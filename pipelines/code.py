@@ -56,7 +56,8 @@ def _read_beside(tree: ast.AST, path: Path) -> set[Path]:
 
 def closure(module: str) -> list[Path]:
     """Every project file ``module`` runs, sorted."""
-    seen, files, todo = set(), set(), [module]
+    parts = module.split(".")  # importing a module runs its packages' __init__ first
+    seen, files, todo = set(), set(), [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
     while todo:
         name = todo.pop()
         if name in seen:

@@ -135,7 +135,7 @@ def build(optimized: tvm.IRModule, profile: dict, directory: Path, database=None
 @dataclass
 class Compiled:
     """A step ``compile`` built: where, its signature, the initial value of every parameter and
-    buffer (by Relax name), and what the scheme and the plan say."""
+    buffer (by Relax name), and what the scheme, the plan and the build say."""
 
     directory: Path
     signature: dict
@@ -143,6 +143,7 @@ class Compiled:
     layers: dict
     report: dict
     plan: dict
+    built: dict
 
 
 def compile(model, rules: list, optimizer, profile: dict, directory: Path, *, lora=None,
@@ -171,6 +172,6 @@ def compile(model, rules: list, optimizer, profile: dict, directory: Path, *, lo
     pruned = sparse_update(full, select(rules, layers), scheme_name)
     optimized = optimize(pruned, reorder_updates, recompute)
     directory.mkdir(parents=True, exist_ok=True)
-    build(optimized, profile, directory, database)
+    built = build(optimized, profile, directory, database)
     return Compiled(directory, signature_of(optimized), {**values, **adapter_values}, layers,
-                    scheme_report(full, pruned), plan(optimized))
+                    scheme_report(full, pruned), plan(optimized), built)

@@ -329,12 +329,21 @@ _ORIGINS = {"models": "conf/model/{}.yaml", "schemes": "conf/sparse/{}.yaml",
             "optimizers": "conf/optimizer/{}.yaml"}
 
 
+_TAGS = ("sgd", "adam", "adamw", "digits", "sentences", "tokens")
+
+
 def _explain(error: ValidationError, source: Path) -> ConfigError:
     lines = []
     for item in error.errors():
-        loc = [str(part) for part in item["loc"]
-               if not (isinstance(part, str) and part in ("SGD", "Adam", "digits", "sentences",
-                                                          "tokens", "sgd", "adam", "adamw"))]
+        # A tagged union (an optimizer's `kind`, a model's `data.kind`) adds its tag to the
+        # location after the key that holds it: drop it, keep the user's own names.
+        loc, parts = [], list(item["loc"])
+        for i, part in enumerate(parts):
+            held_by = parts[:i]
+            if (len(held_by) == 2 and held_by[0] == "optimizers") or held_by[-1:] == ["data"]:
+                if isinstance(part, str) and part in _TAGS:
+                    continue
+            loc.append(str(part))
         key = ".".join(loc) or "(top level)"
         origin = (_ORIGINS[loc[0]].format(loc[1]) if loc and loc[0] in _ORIGINS and len(loc) > 1
                   else "conf/experiment" if loc and loc[0] in ("cases", "deploy", "devices")

@@ -1,40 +1,148 @@
+"""Shared fixtures: configurations composed from conf/ with Hydra's compose API (as `pock compose`
+does), and compiled steps built once per session through the library's one chain
+(pipelines/compile.py: compile), with helpers that check a step against PyTorch doing the
+identical update.
+
+The fast lane is ``python -m pytest -m "not slow"``; the full suite adds the slow tests (whole
+pipelines, devices, containers).
+"""
+from __future__ import annotations
+
 import os
+from pathlib import Path
+
+import numpy as np
+import pytest
 
 # Two cores on CI: keep TVM's and PyTorch's thread pools from oversubscribing them.
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
+ROOT = Path(__file__).resolve().parents[1]
+HOST = {"kind": "llvm"}  # this machine's CPU, default schedules
 
-def chained_steps_match(build_dir, model_cfg: dict, opt_cfg: dict, selection: dict,
-                        signature: dict, batches, lora: dict | None = None) -> tuple[dict, dict]:
-    """Run the compiled step in ``build_dir`` and PyTorch's step on the same model for each
-    (x, y) in ``batches``; the loss must agree within 1e-5 relative at every step and every
-    tensor of the state within rtol 1e-4, atol 1e-6 at the end; parameters outside
-    ``selection`` stay bit-identical. Returns the state before and after (PyTorch names). With
-    ``lora``, the model has those adapters (pipelines/lora.py, seed 0), as the step was built."""
-    import numpy as np
-    import pytest
+
+def compose_params(*overrides: str):
+    """conf/ composed with ``overrides`` and checked, as `pock compose` would write it."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from pipelines.config import validate
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=list(overrides))
+    OmegaConf.resolve(cfg)
+    return validate(OmegaConf.to_container(cfg))
+
+
+@pytest.fixture(scope="session")
+def params():
+    """The default experiment's configuration."""
+    return compose_params()
+
+
+@pytest.fixture(scope="session")
+def small():
+    """The default experiment with text models small enough to compile in seconds: a 2-layer
+    llama_tiny (d=64, vocab 256, 16 tokens) and a 2-layer MiniLM (its first pretrained layers,
+    16 tokens), batch 2; MobileNetV2 as it is."""
+    return compose_params(
+        "models.llama_tiny.kwargs.dim=64", "models.llama_tiny.kwargs.layers=2",
+        "models.llama_tiny.kwargs.heads=2", "models.llama_tiny.kwargs.hidden=96",
+        "models.llama_tiny.kwargs.vocab=256", "models.llama_tiny.kwargs.seq_len=16",
+        "models.llama_tiny.batch_size=2", "models.minilm.kwargs.layers=2",
+        "models.minilm.kwargs.seq_len=16", "models.minilm.batch_size=2")
+
+
+@pytest.fixture(scope="session")
+def host_profile():
+    from pipelines.profiles import load_profile
+
+    return load_profile("host", {})
+
+
+@pytest.fixture(scope="session")
+def build_case(tmp_path_factory, host_profile):
+    """compile(...) of a case of a configuration, each (case, options) built once a session:
+    ``build_case(params, "mbv2_full", rules=..., optimizer=..., recompute=True)``."""
+    from pipelines.compile import compile
+
+    built = {}
+
+    def build(params, case: str, **options):
+        spec = params.cases[case]
+        scheme = params.schemes[spec.scheme]
+        key = (id(params), case, repr(sorted(options.items(), key=lambda kv: kv[0])))
+        if key not in built:
+            kwargs = {"lora": scheme.lora, "scheme_name": spec.scheme, **options}
+            rules = kwargs.pop("rules", scheme.rules)
+            optimizer = kwargs.pop("optimizer", params.optimizers[spec.optimizer])
+            built[key] = compile(params.models[spec.model], rules, optimizer, host_profile,
+                                 tmp_path_factory.mktemp(case), **kwargs)
+        return built[key]
+
+    return build
+
+
+def twin_of(compiled, model):
+    """The PyTorch twin of a compiled step: same module, adapters and initial values."""
+    from pipelines.evaluate.twin import torch_twin
+
+    return torch_twin(model, compiled.signature, compiled.initial)
+
+
+def random_batch(compiled, seed: int = 0, classes: int | None = None):
+    """A seeded batch of the step's shapes: normal floats, token ids below 100 (or the
+    labels' class count)."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for name in compiled.signature["data"]:
+        t = compiled.signature["data_types"][name]
+        if "float" in t["dtype"]:
+            arrays.append(rng.standard_normal(t["shape"]).astype(t["dtype"]))
+        else:
+            high = (classes or 10) if name == "labels" else 100
+            arrays.append(rng.integers(0, high, t["shape"]).astype(t["dtype"]))
+    return tuple(arrays)
+
+
+def assert_steps_match(compiled, model, optimizer, batches, rtol: float = 1e-4,
+                       atol: float = 1e-6, change_rtol: float | None = None) -> tuple[dict, dict]:
+    """Run the compiled step and PyTorch's step (models/torch_twin.py) from the same state for
+    each batch: the losses within ``rtol`` at every step, every tensor of the state within
+    ``rtol``/``atol`` at the end, parameters the scheme freezes bit-identical. Returns the state
+    before and after, by the source's names.
+
+    ``change_rtol`` compares each tensor's change instead: the L2 norm of (compiled change -
+    PyTorch change) within ``change_rtol`` of PyTorch's change's norm, plus ``atol`` per element.
+    That is for ReLU6 networks: where a float32 activation lands within an ulp of 0 or 6, TVM and
+    PyTorch can fall on opposite sides and pass or block that element's gradient (a 2%
+    difference in one depthwise layer's gradient); a wrong update is off by ~100% of it."""
     import torch
 
-    from pipelines.models import build_model
-    from pipelines.step import CompiledStep
-    from pipelines.torch_ref import make_optimizer, train_step
+    from pipelines.models.torch_twin import make_optimizer, train_step
+    from pipelines.runtime.step import CompiledStep, selection_of
 
-    torch.manual_seed(0)
-    model = build_model(model_cfg).train()
-    if lora:
-        from pipelines.lora import add_adapters
-        add_adapters(model, lora, 0)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    compiled = CompiledStep(build_dir, {r: before[t].numpy()
-                                        for r, t in signature["torch_names"].items()})
-    optimizer = make_optimizer(model, opt_cfg, selection)
-    for x, y in batches:
-        want = train_step(model, optimizer, torch.from_numpy(x), torch.from_numpy(y))
-        assert compiled.step(x, y) == pytest.approx(want, rel=1e-5)
-    after = compiled.torch_state_dict()
-    for name, value in model.state_dict().items():
-        np.testing.assert_allclose(after[name].numpy(), value.numpy(), rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
-        if name not in selection:
-            np.testing.assert_array_equal(after[name].numpy(), before[name].numpy())
-    return before, after
+    twin = twin_of(compiled, model)
+    before = {k: v.clone() for k, v in twin.state_dict().items()}
+    step = CompiledStep(compiled.directory, compiled.initial)
+    selection = selection_of(compiled.signature)
+    update = make_optimizer(twin, optimizer, selection)
+    for batch in batches:
+        want = train_step(twin, update, *batch)
+        assert step.step(*batch) == pytest.approx(want, rel=rtol)
+    after = step.state_dict()
+    for name, value in twin.state_dict().items():
+        if name not in after:
+            continue  # num_batches_tracked: a fixed momentum never reads it
+        if change_rtol is None:
+            np.testing.assert_allclose(after[name].numpy(), value.numpy(), rtol=rtol, atol=atol,
+                                       err_msg=name)
+        else:
+            want_change = value.numpy() - before[name].numpy()
+            error = np.linalg.norm(after[name].numpy() - before[name].numpy() - want_change)
+            assert error <= atol * np.sqrt(want_change.size) + change_rtol * np.linalg.norm(
+                want_change), f"{name}: change off by {error:.3g}"
+        if name not in selection and not name.endswith(("running_mean", "running_var")):
+            np.testing.assert_array_equal(after[name].numpy(), before[name].numpy(),
+                                          err_msg=f"{name} is frozen")
+    return before, {k: torch.clone(v) for k, v in after.items()}

@@ -37,8 +37,8 @@ def synthetic_batch(signature: dict, seed: int, batches: int = 1) -> tuple[np.nd
     normal floats, zero integers (valid token ids and labels). What a step is run on where
     its numbers, not its data, are checked (a device against the host, a packaged image)."""
     rng = np.random.default_rng(seed)
-    shapes = [(t["dtype"], [t["shape"][0] * batches, *t["shape"][1:]])
-              for t in signature["data_types"].values()]
+    types = [signature["data_types"][name] for name in signature["data"]]  # the step's order
+    shapes = [(t["dtype"], [t["shape"][0] * batches, *t["shape"][1:]]) for t in types]
     return tuple(rng.standard_normal(shape).astype(dtype) if "float" in dtype
                  else np.zeros(shape, dtype) for dtype, shape in shapes)
 

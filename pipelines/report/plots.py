@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("svg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipelines.artifacts import write_json_atomic, write_text_atomic  # noqa: E402
+from pipelines.io import write_json_atomic, write_text_atomic  # noqa: E402
 
 MEMORY_PARTS = {"weights_bytes": "weights", "optimizer_state_bytes": "optimizer state",
                 "param_grad_bytes": "parameter gradients",
