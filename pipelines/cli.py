@@ -58,8 +58,9 @@ def _devices(case: str, requested: list[str]) -> list[str]:
     for device in requested:
         load_profile(device, params.profiles)  # an unknown name lists the profiles
         if device not in configured:
+            devices = [*params.devices, *([] if device in params.devices else [device])]
             raise ConfigError(f"{PARAMS}: case {case!r} is built for {configured}, not {device!r};"
-                              f" add it: pock compose 'devices=[{','.join(params.devices + [device])}]'"
+                              f" add it: pock compose 'devices=[{','.join(devices)}]'"
                               f" 'deploy=[{','.join(sorted({*params.deploy, case}))}]'")
     return requested or configured
 

@@ -1,16 +1,25 @@
 """Device profiles, cross-compiled builds and the runners that reach devices.
 
-- every shipped profile resolves; a board is added by configuration only (a YAML file that
-  extends another, or Hydra overrides), and bad profiles are refused naming file, key and
-  allowed values;
-- one small step (a 2-block LLaMA-style decoder, the paper's transformer scheme) built for:
-  rpi4 (aarch64 ELF, linked by Debian's cross g++), apple_m1 (an archive of Mach-O objects the
-  Mac links), jetson_orin (CUDA kernels compiled by nvcc into a fatbin);
-- the emulated runner (qemu user mode) runs the aarch64 build and gets the host build's loss and
-  updated weights; the RPC runner does the same through a tracker and server on loopback that
-  the test starts and stops; missing tracker, key, toolchain or root are named at once.
+- every shipped profile resolves (pipelines/profiles.py); a board is added by configuration
+  only (a YAML file that extends another, or Hydra overrides), and bad profiles and device lists
+  are refused naming file, key and allowed values;
+- one small step (a 2-block LLaMA-style decoder, the paper's transformer scheme) built through
+  the chain (pipelines/compile.py: build) for: rpi4 (aarch64 ELF, linked by Debian's cross
+  g++), apple_m1 (an archive of Mach-O objects the Mac links, reproducible bytes), jetson_orin
+  (CUDA kernels compiled by nvcc into a fatbin), Android's Adreno GPU (OpenCL kernels beside
+  aarch64 objects); a missing cross compiler is named with its package before anything is
+  written;
+- the emulated runner (qemu user mode, pipelines/runtime/remote.py) runs the aarch64 build and
+  gets the host build's loss (rel 1e-5) and updated weights (rtol 1e-4, atol 1e-5); the RPC
+  runner does the same through a tracker and server on loopback that the test starts and stops;
+  a missing tracker, key, qemu or root is named at once. The benchmark stage's
+  run_on_device (pipelines/evaluate/device.py) checks a local build against the host's and says
+  why a runner of none did not run.
+
+Building the step, qemu and RPC take tens of seconds: those tests are slow. The emulated run
+skips, saying why, only where qemu or the emulation root is absent (`pock setup` makes them);
+the cross builds skip only where their compiler is absent.
 """
-import json
 import shutil
 import socket
 import subprocess
@@ -20,138 +29,174 @@ import time
 
 import numpy as np
 import pytest
-import tvm
 import yaml
+from conftest import compose_params
 
-import pipelines.config as config
+from pipelines import profiles
 from pipelines.compose import compose_text
-from pipelines.config import CONF, ConfigError, load_profile
-from pipelines.step import CompiledStep
-from stages.benchmark.remote import check_emulation, run_emulated, run_rpc
-from stages.build.toolchain import compile_step
-from stages.optimize.passes import optimize
-from stages.prune.prune import sparse_step
-from stages.prune.scheme import select
-from stages.prune.show import full_step
+from pipelines.config import SGD, ConfigError
+from pipelines.profiles import load_profile, tvm_target
 
-MODEL = {"name": "llama_test", "arch": "llama", "vocab": 64, "dim": 32, "layers": 2, "heads": 2,
-         "hidden": 48, "seq_len": 16, "batch_size": 2}
-OPT = {"name": "sgd", "lr": 0.5, "momentum": 0.9}
+SIZE = {"vocab": 64, "dim": 32, "layers": 2, "heads": 2, "hidden": 48, "seq_len": 16}
+OPT = SGD(kind="sgd", lr=0.5, momentum=0.9)
 SHIPPED = ["host", "rpi4", "jetson_orin", "android_sd8g2", "apple_m1", "edge_x86"]
 
 
 # --- profiles -----------------------------------------------------------------------------
 
 def test_every_profile_resolves_to_a_tvm_target():
-    assert set(SHIPPED) <= set(config.available_profiles())
-    for name in config.available_profiles():
+    assert set(SHIPPED) <= set(profiles.available_profiles())
+    for name in profiles.available_profiles():
         profile = load_profile(name, {})
         assert profile["name"] == name
-        assert tvm.target.Target(profile["target"]).kind.name in ("llvm", "cuda")
+        assert tvm_target(profile).kind.name in ("llvm", "cuda")
 
 
 def test_a_board_from_hydra_overrides_only():
-    text = compose_text(["devices=[host,rpi5]", "+profiles.rpi5.extends=rpi4",
+    text = compose_text(["devices=[rpi5]", "+profiles.rpi5.extends=rpi4",
                          "+profiles.rpi5.target.mcpu=cortex-a76", "+profiles.rpi5.memory_mb=8192"])
     params = yaml.safe_load(text)
+    assert params["devices"] == ["rpi5"]
     rpi5 = load_profile("rpi5", params["profiles"])
     rpi4 = load_profile("rpi4", {})
     assert rpi5["target"] == dict(rpi4["target"], mcpu="cortex-a76")
     assert rpi5["memory_mb"] == 8192 and rpi5["toolchain"] == rpi4["toolchain"]
+    assert "rpi5" in profiles.available_profiles(params["profiles"])
     # An override of a base reaches the boards derived from it.
     assert load_profile("rpi5", {**params["profiles"], "rpi4": {"cores": 2}})["cores"] == 2
 
 
 def test_a_board_from_a_new_yaml_file(tmp_path, monkeypatch):
     for name in SHIPPED:
-        shutil.copy(config.PROFILES / f"{name}.yaml", tmp_path)
+        shutil.copy(profiles.PROFILES / f"{name}.yaml", tmp_path)
     (tmp_path / "orin_nano.yaml").write_text(
         "extends: jetson_orin\ndescription: Jetson Orin Nano 8GB\ncores: 6\nmemory_mb: 8192\n"
         "memory_budget_mb: 4096\n")
-    monkeypatch.setattr(config, "PROFILES", tmp_path)
+    monkeypatch.setattr(profiles, "PROFILES", tmp_path)
     nano = load_profile("orin_nano", {})
     assert nano["target"]["arch"] == "sm_87" and nano["cores"] == 6
-    assert "orin_nano" in config.available_profiles()
+    assert nano["host"] == load_profile("jetson_orin", {})["host"]
+    assert "orin_nano" in profiles.available_profiles()
 
 
 @pytest.mark.parametrize("override, message", [
     ({"runner": "ssh"}, "runner='ssh' is not one of ['docker', 'emulated', 'local', 'none', 'rpc']"),
     ({"toolchain": {"output": "zip"}}, "toolchain.output='zip' is not one of ['archive', "),
-    ({"speed": 3}, "unknown keys ['speed']"),
+    ({"speed": 3}, "unknown keys ['speed']; allowed: ['cores', "),
     ({"runner": "rpc", "remote": {"tracker": "somewhere", "key": "k"}},
      "remote.tracker='somewhere'; allowed: HOST:PORT"),
     ({"runner": "local", "toolchain": {"output": "archive"}}, "allowed with an archive"),
+    ({"memory_mb": -1}, "memory_mb=-1; allowed: a positive number of MiB"),
+    ({"tune": {"trials": -1}}, "tune.trials=-1; allowed: a whole number >= 0"),
+    ({"tune": {"trials": 5}}, "tune.trials=5 needs candidates timed on the device"),
     ({"extends": "rpi4"}, "cycle: rpi4 -> rpi4"),
 ])
 def test_bad_profiles_are_named(override, message):
-    with pytest.raises(ConfigError, match="rpi4.yaml|cycle") as err:
+    with pytest.raises(ConfigError, match="rpi4.yaml with profiles.rpi4 from params.yaml|cycle") \
+            as err:
         load_profile("rpi4", {"rpi4": override})
     assert message in str(err.value)
 
 
-def test_unknown_device_and_missing_host_refused_at_compose():
+def test_unknown_device_and_host_in_devices_refused_at_compose():
     with pytest.raises(ConfigError, match=r"'rpi9' has no profile; allowed: \['android_sd8g2'"):
-        compose_text(["devices=[host,rpi9]"])
-    with pytest.raises(ConfigError, match="lacks 'host'"):
-        compose_text(["devices=[rpi4]"])
+        compose_text(["devices=[rpi9]"])
+    # every case is built for the host: devices are the others
+    with pytest.raises(ConfigError, match="devices lists 'host'"):
+        compose_text(["devices=[host,rpi4]"])
 
 
 # --- builds -------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def step():
-    """A small training step (decoder, paper scheme) and its host build and arguments."""
-    layers, full, signature = full_step(MODEL, OPT)
-    scheme = yaml.safe_load((CONF / "sparse" / "transformer_paper.yaml").read_text())
-    pruned, sig, _ = sparse_step(full, signature, select(scheme, layers))
-    return optimize(pruned, dict(sig, scheme="transformer_paper"), reorder=True), sig
-
-
-@pytest.fixture(scope="module")
-def host_run(step, tmp_path_factory):
-    """The host build, its arguments for one step and its outputs (the reference)."""
-    import torch
-
-    from pipelines.models import build_model
-
-    mod, sig = step
-    directory = tmp_path_factory.mktemp("host")
-    compile_step(mod, load_profile("host", {}), directory)
-    (directory / "signature.json").write_text(json.dumps(sig))
-    torch.manual_seed(0)
-    state = build_model(MODEL).state_dict()
-    compiled = CompiledStep(directory, {r: state[t].numpy()
-                                        for r, t in sig["torch_names"].items()})
-    rng = np.random.default_rng(0)
-    args = compiled.arguments(rng.integers(0, 64, (2, 16)), rng.integers(0, 64, 32))
-    outputs = [o.numpy() for o in compiled.function(*args)]
-    return directory, [a.numpy() for a in args], outputs
-
-
 def _needs(tool: str, package: str):
     if shutil.which(tool) is None:
-        pytest.skip(f"{tool} not on PATH (Debian package {package}; .ci/run installs it)")
+        pytest.skip(f"{tool} not on PATH (Debian package {package}; `pock setup` installs it)")
+
+
+@pytest.fixture(scope="module")
+def step(tmp_path_factory):
+    """A small training step (decoder, paper scheme) through the chain's phases, optimized and
+    not yet built, and the initial value of each parameter (by Relax name)."""
+    from pipelines.compile import optimize, sparse_update, training_graph
+    from pipelines.frontends import import_model, lower_model
+    from pipelines.frontends.weights import FILE, initial_weights, save_weights
+    from pipelines.io import read_json
+    from pipelines.training.scheme import select
+
+    params = compose_params(*[f"models.llama_tiny.kwargs.{k}={v}" for k, v in SIZE.items()],
+                            "models.llama_tiny.batch_size=2")
+    model = params.models["llama_tiny"]
+    weights, imported = tmp_path_factory.mktemp("weights"), tmp_path_factory.mktemp("import")
+    save_weights(initial_weights(model.model_copy(update={"pretrain": None}), None, 0)[0],
+                 weights / FILE)
+    import_model(model, weights, imported)
+    main, names, origins, values = lower_model(model, imported)
+    full, _, _ = training_graph(main, names, origins, OPT)
+    rules = params.schemes["transformer_paper"].rules
+    pruned = sparse_update(full, select(rules, read_json(imported / "layers.json")),
+                           "transformer_paper")
+    return optimize(pruned, reorder_updates=True, recompute=False), values
+
+
+def _build(step, profile: dict, directory):
+    """The step built for ``profile`` into ``directory`` with its manifest, as the build stages
+    write them (stages/build.py); what the build recorded."""
+    from pipelines.compile import build
+    from pipelines.io import write_manifest
+
+    built = build(step[0], profile, directory)
+    write_manifest(directory, f"build@test-{profile['name']}", {}, {"profile": profile, **built})
+    return built
+
+
+def _batch(signature: dict, seed: int = 0):
+    """Token ids and labels below the vocabulary, of the step's shapes."""
+    rng = np.random.default_rng(seed)
+    return tuple(rng.integers(0, SIZE["vocab"], signature["data_types"][n]["shape"])
+                 .astype(signature["data_types"][n]["dtype"]) for n in signature["data"])
+
+
+@pytest.fixture(scope="module")
+def host_run(step, host_profile, tmp_path_factory):
+    """The host build, its arguments for one step and its outputs (the reference)."""
+    from pipelines.runtime.step import CompiledStep
+
+    directory = tmp_path_factory.mktemp("host")
+    _build(step, host_profile, directory)
+    compiled = CompiledStep(directory, step[1])
+    args = compiled.arguments(*_batch(compiled.signature))
+    outputs = [o.numpy() for o in compiled.function(*args)]
+    return directory, [a.numpy() for a in args], outputs
 
 
 @pytest.fixture(scope="module")
 def rpi4_build(step, tmp_path_factory):
     _needs("aarch64-linux-gnu-g++", "g++-aarch64-linux-gnu")
     directory = tmp_path_factory.mktemp("rpi4")
-    built = compile_step(step[0], load_profile("rpi4", {}), directory)
-    return directory / built["library"], built
+    built = _build(step, load_profile("rpi4", {}), directory)
+    return directory, built
 
 
+@pytest.mark.slow
 def test_rpi4_build_is_an_aarch64_shared_library(rpi4_build):
-    library, built = rpi4_build
-    header = library.read_bytes()[:20]
+    directory, built = rpi4_build
+    header = (directory / built["library"]).read_bytes()[:20]
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # AArch64
     assert built["cc"] == "aarch64-linux-gnu-g++" and not built["links_on_device"]
+    assert (directory / "signature.json").exists()
 
 
-def test_apple_m1_build_is_an_archive_of_macho_objects(step, tmp_path):
-    built = compile_step(step[0], load_profile("apple_m1", {}), tmp_path)
+@pytest.fixture(scope="module")
+def apple_build(step, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("apple_m1")
+    return directory, _build(step, load_profile("apple_m1", {}), directory)
+
+
+@pytest.mark.slow
+def test_apple_m1_build_is_an_archive_of_macho_objects(apple_build):
+    directory, built = apple_build
     assert built["library"] == "step.tar" and built["links_on_device"]
-    with tarfile.open(tmp_path / "step.tar") as tar:
+    with tarfile.open(directory / "step.tar") as tar:
         members = tar.getmembers()
         assert [m.name for m in members] == sorted(m.name for m in members)
         assert all(m.mtime == 0 and m.uid == 0 for m in members)  # reproducible bytes
@@ -159,10 +204,11 @@ def test_apple_m1_build_is_an_archive_of_macho_objects(step, tmp_path):
     assert magics == {b"\xcf\xfa\xed\xfe"}  # 64-bit Mach-O, every object
 
 
+@pytest.mark.slow
 def test_jetson_build_carries_nvcc_compiled_kernels(step, tmp_path):
     _needs("aarch64-linux-gnu-g++", "g++-aarch64-linux-gnu")
     _needs("nvcc", "nvidia-cuda-toolkit")
-    built = compile_step(step[0], load_profile("jetson_orin", {}), tmp_path)
+    built = _build(step, load_profile("jetson_orin", {}), tmp_path)
     data = (tmp_path / "step.so").read_bytes()
     assert built["cuda"]["arch"] == "sm_87" and built["cuda"]["fatbin_bytes"] > 0
     assert b"\x50\xed\x55\xba" in data  # fatbin magic: kernels compiled here, not source
@@ -170,24 +216,32 @@ def test_jetson_build_carries_nvcc_compiled_kernels(step, tmp_path):
     assert sum(built["kernel_schedules"].values()) > 0
 
 
+@pytest.mark.slow
 def test_android_adreno_opencl_build_is_an_archive_with_the_kernels(step, tmp_path):
     """The phone's GPU: OpenCL kernels (source, compiled by the phone's driver at load) packed
     beside the aarch64 host objects."""
     profile = load_profile("android_sd8g2", {})
     profile.update(target={"kind": "opencl", "device": "adreno"},
                    host=dict(profile["target"]))
-    built = compile_step(step[0], profile, tmp_path)
+    built = _build(step, profile, tmp_path)
     assert built["library"] == "step.tar" and sum(built["kernel_schedules"].values()) > 0
     with tarfile.open(tmp_path / "step.tar") as tar:
         blobs = b"".join(tar.extractfile(m).read() for m in tar.getmembers())
     assert b"__kernel void" in blobs
 
 
-def test_missing_cross_compiler_names_the_package(step, tmp_path):
+def test_missing_cross_compiler_names_the_package(tmp_path):
+    """Refused before anything is compiled or written (backend/build.py checks the toolchain
+    first)."""
+    import tvm
+
+    from pipelines.backend.build import build_step
+
     profile = load_profile("rpi4", {"rpi4": {"toolchain": {"cc": "no-such-g++"}}})
-    with pytest.raises(ConfigError, match="no-such-g\\+\\+' is not on PATH; install the Debian "
-                                          "package g\\+\\+-aarch64-linux-gnu"):
-        compile_step(step[0], profile, tmp_path)
+    with pytest.raises(ConfigError, match="rpi4.yaml: toolchain.cc='no-such-g\\+\\+' is not on "
+                                          "PATH; install the Debian package "
+                                          "g\\+\\+-aarch64-linux-gnu"):
+        build_step(tvm.IRModule({}), profile, tmp_path)
     assert not list(tmp_path.iterdir())
 
 
@@ -200,22 +254,63 @@ def _assert_same_step(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_emulated_rpi4_step_matches_the_host_build(rpi4_build, host_run):
+    from pipelines.runtime.remote import check_emulation, run_emulated
+
     profile = load_profile("rpi4", {})
     try:
         check_emulation(profile)
-    except ConfigError as err:
+    except ConfigError as err:  # qemu or the root absent: says which, and how to get it
         pytest.skip(str(err))
+    directory, built = rpi4_build
     _, args, want = host_run
-    got, times, info = run_emulated(rpi4_build[0], args, profile, warmup=1, steps=2)
+    got, times, info = run_emulated(directory / built["library"], args, profile, warmup=1,
+                                    steps=2)
     _assert_same_step(got, want)
     assert len(times) == 2 and min(times) > 0 and info["peak_rss_bytes"] > 0
 
 
-def test_emulation_without_a_root_says_how_to_make_one(tmp_path):
-    profile = load_profile("rpi4", {"rpi4": {"emulation": {"root": str(tmp_path)}}})
-    with pytest.raises(ConfigError, match="pock emulation setup rpi4"):
+def test_emulation_without_qemu_or_a_root_says_how_to_get_them(tmp_path):
+    from pipelines.runtime.remote import check_emulation
+
+    profile = load_profile("rpi4", {"rpi4": {"emulation": {"qemu": "no-such-qemu"}}})
+    with pytest.raises(ConfigError, match="emulation.qemu='no-such-qemu' is not on PATH; "
+                                          "install the Debian package qemu-user-static"):
         check_emulation(profile)
+    # a qemu there (any program on PATH stands in for it), no root
+    profile = load_profile("rpi4", {"rpi4": {"emulation": {"qemu": "sh", "root": str(tmp_path)}}})
+    with pytest.raises(ConfigError, match=f"emulation.root={tmp_path} holds no emulation root.*"
+                                          "pock emulation setup rpi4"):
+        check_emulation(profile)
+
+
+@pytest.mark.slow
+def test_local_run_on_device_checks_against_the_host_build(step, host_run, host_profile):
+    """The benchmark stage's path for a local runner: one step of the device's build checked
+    against the host build's on the same arguments, then timed here."""
+    from pipelines.evaluate.device import run_on_device, summary
+    from pipelines.runtime.step import CompiledStep
+
+    directory, _, _ = host_run
+    batch = _batch(CompiledStep(directory, step[1]).signature)
+    result = run_on_device("host", host_profile, directory, directory, step[1], batch,
+                           warmup=1, steps=2)
+    assert result["ran"] and result["verdict"] == "ok" and result["matches_host"]
+    assert result["compiled"]["steps"] == 2 and result["compiled"]["median_ms"] > 0
+    assert "matches the host build's" in summary(result)
+
+
+@pytest.mark.slow
+def test_runner_none_says_it_did_not_run_and_how_to_reach_it(step, apple_build, host_run):
+    from pipelines.evaluate.device import run_on_device
+
+    directory, _ = apple_build
+    result = run_on_device("apple_m1", load_profile("apple_m1", {}), directory, host_run[0],
+                           step[1], (), warmup=1, steps=1)
+    assert not result["ran"]
+    assert "the archive is linked on the device" in result["reason"]
+    assert "+profiles.apple_m1.runner=rpc" in result["reason"]
 
 
 def _free_port() -> int:
@@ -234,7 +329,7 @@ def tracker():
     try:
         from tvm import rpc
 
-        deadline = time.time() + 30
+        deadline = time.time() + 60
         while True:  # the tracker is up when its port accepts
             assert procs[0].poll() is None, "RPC tracker exited (is tornado installed?)"
             try:
@@ -264,23 +359,31 @@ def _rpc_profile(tracker: str, key: str = "pock-test") -> dict:
         "tracker": tracker, "key": key, "timeout_s": 120}}})
 
 
+@pytest.mark.slow
 def test_rpc_loopback_step_matches_and_is_timed_on_the_server(host_run, tracker):
+    from pipelines.runtime.remote import run_rpc
+
     directory, args, want = host_run
     got, times, _ = run_rpc(directory / "step.so", args, _rpc_profile(tracker), warmup=1, steps=3)
     _assert_same_step(got, want)
     assert len(times) == 3 and min(times) > 0
 
 
+@pytest.mark.slow
 def test_rpc_unknown_key_lists_the_registered_ones(host_run, tracker):
+    from pipelines.runtime.remote import run_rpc
+
     directory, args, _ = host_run
     with pytest.raises(ConfigError, match=r"remote.key='rpi4' is not registered .* "
                                           r"registered keys: \['pock-test'\]"):
         run_rpc(directory / "step.so", args, _rpc_profile(tracker, "rpi4"), 1, 1)
 
 
-def test_rpc_without_a_tracker_fails_at_once(host_run):
-    directory, args, _ = host_run
+def test_rpc_without_a_tracker_fails_at_once(tmp_path):
+    """Named before anything is uploaded: no build is needed to see it."""
+    from pipelines.runtime.remote import run_rpc
+
     start = time.time()
     with pytest.raises(ConfigError, match="no RPC tracker answers at remote.tracker=127.0.0.1:"):
-        run_rpc(directory / "step.so", args, _rpc_profile(f"127.0.0.1:{_free_port()}"), 1, 1)
+        run_rpc(tmp_path / "step.so", [], _rpc_profile(f"127.0.0.1:{_free_port()}"), 1, 1)
     assert time.time() - start < 10

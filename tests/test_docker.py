@@ -1,38 +1,38 @@
-"""Docker: the runner that limits a device's cores and memory, and the packaged images.
+"""Docker: the runner that limits a device's cores and memory (pipelines/runtime/remote.py,
+images.py), and the packaged images (pipelines/evaluate/package.py, with the entrypoint
+pipelines/runtime/package_entrypoint.py).
 
 - the mbv2 step (the paper's scheme) built for the edge_x86 profile runs in a container of the
-  runtime image and gives the local run's loss and updated weights;
-- a profile with too little memory is killed for memory, which the runner reports as such;
-- the packaged image fine-tunes on a tiny mounted data directory; its weights load into the
-  PyTorch model and equal the local compiled step's after the same steps; the package stage's
-  trial runs it within the device's limits (ok, or out of memory);
+  runtime image and gives the local run's loss (rel 1e-6) and updated weights (rtol 1e-5, atol
+  1e-6);
+- a profile with too little memory is killed for memory, which the runner reports as such and
+  the benchmark stage (pipelines/evaluate/device.py) records as a verdict;
+- the packaged image fine-tunes on a tiny mounted data directory; its losses equal the local
+  compiled step's on the same batches (rel 1e-6) and its weights load into the PyTorch model and
+  equal the local step's after them (rtol 1e-6, atol 1e-7); the package stage's trial runs it
+  within the device's limits (ok, or out of memory; an image of another architecture is not
+  run);
 - layers and image IDs are reproducible; a missing engine and unpackageable devices are named.
-The tests that need an engine skip, with the reason, only where none answers (.ci/run starts
-one).
+The tests that need an engine are slow and skip, with the reason, only where none answers
+(`pock setup` starts one); those that make the runtime layers need mmdebstrap.
 """
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
-import yaml
 
-from pipelines.config import CONF, ConfigError, load_profile
-from pipelines.step import CompiledStep, load_initial
-from stages.build.toolchain import compile_step
-from stages.optimize.passes import optimize
-from stages.prune.prune import sparse_step
-from stages.prune.scheme import select
-from stages.prune.show import full_step
+from pipelines.config import SGD, ConfigError
+from pipelines.profiles import load_profile
 
-MODEL = {"name": "mbv2", "arch": "mobilenetv2", "width": 0.35, "num_classes": 10,
-         "in_channels": 3, "image_size": 32, "batch_size": 8}
-OPT = {"name": "sgd", "lr": 0.05, "momentum": 0.9}
+OPT = SGD(kind="sgd", lr=0.05, momentum=0.9)
+CASE = "mbv2"  # the default experiment's: mbv2 with the paper's scheme
 
 
 @pytest.fixture(scope="module")
 def client():
-    from pipelines.images import engine
+    from pipelines.runtime.images import engine
 
     try:
         return engine()
@@ -41,25 +41,32 @@ def client():
 
 
 @pytest.fixture(scope="module")
-def step():
-    """The mbv2 step with the paper's scheme, and the state it starts from (PyTorch's init)."""
-    from pipelines.models import build_model
-
-    layers, full, signature = full_step(MODEL, OPT)
-    scheme = yaml.safe_load((CONF / "sparse" / "mbv2_paper.yaml").read_text())
-    pruned, sig, _ = sparse_step(full, signature, select(scheme, layers))
-    sig = dict(sig, scheme="mbv2_paper")
-    torch.manual_seed(0)
-    state = build_model(MODEL).state_dict()
-    initial = {r: state[t].numpy() for r, t in sig["torch_names"].items()}
-    return optimize(pruned, sig, reorder=True), sig, initial
+def host_step(params, build_case):
+    """The mbv2 step with the paper's scheme built for the host, starting from the model's
+    seeded initial weights."""
+    return build_case(params, CASE, optimizer=OPT)
 
 
-def _build(step, device: str, directory):
-    """``directory`` holding the step built for ``device``."""
-    mod, sig, _ = step
-    compile_step(mod, load_profile(device, {}), directory)
-    (directory / "signature.json").write_text(json.dumps(sig))
+def _manifest(directory, profile: dict, built: dict) -> None:
+    """manifest.json as the build stages write it (stages/build.py)."""
+    from pipelines.io import write_manifest
+
+    write_manifest(directory, f"build@{CASE}-{profile['name']}", {}, {"profile": profile, **built})
+
+
+@pytest.fixture(scope="module")
+def edge_build(params, host_step, tmp_path_factory):
+    """The same step built for the edge_x86 profile (its own CPU, in a container here)."""
+    from pipelines.compile import compile
+
+    spec = params.cases[CASE]
+    profile = load_profile("edge_x86", {})
+    directory = tmp_path_factory.mktemp("edge_x86")
+    compiled = compile(params.models[spec.model], params.schemes[spec.scheme].rules, OPT, profile,
+                       directory, scheme_name=spec.scheme)
+    for name, value in compiled.initial.items():  # the same seeded start as the host's
+        np.testing.assert_array_equal(value, host_step.initial[name])
+    _manifest(directory, profile, compiled.built)
     return directory
 
 
@@ -69,19 +76,15 @@ def _batches(n: int, seed: int = 1):
     return x, rng.integers(0, 10, n).astype("int64")
 
 
-@pytest.fixture(scope="module")
-def host_build(step, tmp_path_factory):
-    return _build(step, "host", tmp_path_factory.mktemp("host"))
+@pytest.mark.slow
+def test_container_step_matches_the_local_run(client, host_step, edge_build):
+    from pipelines.runtime.remote import run_docker
+    from pipelines.runtime.step import CompiledStep
 
-
-def test_container_step_matches_the_local_run(client, step, tmp_path):
-    from stages.benchmark.remote import run_docker
-
-    edge = _build(step, "edge_x86", tmp_path)
-    local = CompiledStep(edge, step[2])
+    local = CompiledStep(edge_build, host_step.initial)
     args = local.arguments(*_batches(8))
     want = [o.numpy() for o in local.function(*args)]
-    got, times, info = run_docker(edge / "step.so", [a.numpy() for a in args],
+    got, times, info = run_docker(edge_build / "step.so", [a.numpy() for a in args],
                                   load_profile("edge_x86", {}), warmup=1, steps=2)
     assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-6)
     for g, w in zip(got, want, strict=True):
@@ -90,28 +93,56 @@ def test_container_step_matches_the_local_run(client, step, tmp_path):
     assert 0 < info["peak_rss_bytes"] < 2048 * 2**20  # inside the profile's memory
 
 
-def test_too_little_memory_is_reported_as_out_of_memory(client, step, host_build, tmp_path):
-    from pipelines.images import OutOfMemory
-    from stages.benchmark.remote import run_docker
+@pytest.mark.slow
+def test_too_little_memory_is_reported_as_out_of_memory(client, host_step, edge_build):
+    from pipelines.evaluate.device import run_on_device
+    from pipelines.runtime.images import OutOfMemory
+    from pipelines.runtime.remote import run_docker
+    from pipelines.runtime.step import CompiledStep
 
-    local = CompiledStep(host_build, step[2])
+    local = CompiledStep(host_step.directory, host_step.initial)
     args = [a.numpy() for a in local.arguments(*_batches(8))]
     small = load_profile("edge_x86", {"edge_x86": {"memory_mb": 48}})
     with pytest.raises(OutOfMemory, match="memory_mb=48"):
-        run_docker(host_build / "step.so", args, small, warmup=0, steps=1)
+        run_docker(host_step.directory / "step.so", args, small, warmup=0, steps=1)
+    # the benchmark stage records it as the device's answer, not a failure
+    result = run_on_device("edge_x86", small, edge_build, host_step.directory, host_step.initial,
+                           _batches(8), warmup=0, steps=1)
+    assert result["ran"] and result["verdict"] == "out_of_memory"
+    assert result["memory_mb"] == 48 and "memory_mb=48" in result["reason"]
 
 
-ABOUT = {"model": "mbv2", "scheme": "mbv2_paper", "device": "host", "batch_size": 8,
-         "inputs": {"x": {"shape": [8, 3, 32, 32], "dtype": "float32"},
-                    "y": {"shape": [8], "dtype": "int64"}}}
+def _about(signature: dict) -> dict:
+    from pipelines.evaluate.package import step_inputs
+
+    return {"case": CASE, "scheme": "mbv2_paper", "device": "host", "batch_size": 8,
+            "inputs": step_inputs(signature, "test")}
 
 
 @pytest.fixture(scope="module")
-def package(client, step, host_build, tmp_path_factory):
-    from stages.package.__main__ import make_package
+def package(client, host_step, tmp_path_factory):
+    from pipelines.evaluate.package import make_package
 
     out = tmp_path_factory.mktemp("package")
-    return make_package("host", load_profile("host", {}), host_build, step[2], ABOUT, out), out
+    image = make_package("host", load_profile("host", {}), host_step.directory,
+                         host_step.initial, _about(host_step.signature), out)
+    return image, out
+
+
+@pytest.mark.slow
+def test_package_is_content_addressed(package, host_step, tmp_path):
+    from pipelines.evaluate.package import make_package
+
+    image, out = package
+    about = _about(host_step.signature)
+    assert about["inputs"] == {"x": {"shape": [8, 3, 32, 32], "dtype": "float32"},
+                               "y": {"shape": [8], "dtype": "int64"}}
+    again = make_package("host", load_profile("host", {}), host_step.directory,
+                         host_step.initial, about, tmp_path)
+    assert again["id"] == image["id"]  # same inputs, same image
+    assert (tmp_path / "app.tar").read_bytes() == (out / "app.tar").read_bytes()
+    assert image["tag"] == f"pockengine/{CASE}-host:{image['id'][7:19]}"
+    assert json.loads((out / "image.json").read_text())["image"]["id"] == image["id"]
 
 
 def _run(client, image: str, args: list, data, out) -> tuple[int, str]:
@@ -124,20 +155,11 @@ def _run(client, image: str, args: list, data, out) -> tuple[int, str]:
         container.remove(force=True)
 
 
-def test_package_is_content_addressed(package, step, host_build, tmp_path):
-    from stages.package.__main__ import make_package
-
-    image, out = package
-    again = make_package("host", load_profile("host", {}), host_build, step[2], ABOUT, tmp_path)
-    assert again["id"] == image["id"]  # same inputs, same image
-    assert (tmp_path / "app.tar").read_bytes() == (out / "app.tar").read_bytes()
-    assert image["tag"] == f"pockengine/mbv2-mbv2_paper-host:{image['id'][7:19]}"
-    assert json.loads((out / "image.json").read_text())["image"]["id"] == image["id"]
-
-
-def test_packaged_image_fine_tunes_and_its_weights_load_into_pytorch(client, package, step,
-                                                                     host_build, tmp_path):
-    from pipelines.models import build_model
+@pytest.mark.slow
+def test_packaged_image_fine_tunes_and_its_weights_load_into_pytorch(client, package, params,
+                                                                     host_step, tmp_path):
+    from pipelines.frontends.torch_module import load_module
+    from pipelines.runtime.step import CompiledStep
 
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir(), out.mkdir()
@@ -147,23 +169,24 @@ def test_packaged_image_fine_tunes_and_its_weights_load_into_pytorch(client, pac
     assert code == 0, logs
     log = json.loads((out / "log.json").read_text())
 
-    local = CompiledStep(host_build, step[2])  # the same steps, here
+    local = CompiledStep(host_step.directory, host_step.initial)  # the same steps, here
     order = np.random.default_rng(3).permutation(20)
     losses = [local.step(x[order[i:i + 8]], y[order[i:i + 8]]) for i in (0, 8)]
-    assert log["losses"] == pytest.approx(losses, rel=1e-6)
+    assert log["steps"] == 2 and log["losses"] == pytest.approx(losses, rel=1e-6)
 
-    model = build_model(MODEL)
+    model, _ = load_module(params.models[params.cases[CASE].model])
     with np.load(out / "weights.npz") as weights:
         state = {k: torch.from_numpy(weights[k]) for k in weights.files}
     result = model.load_state_dict(state, strict=False)
     assert not result.unexpected_keys
     assert all(k.endswith("num_batches_tracked") for k in result.missing_keys)
-    for name, value in local.torch_state_dict().items():
+    for name, value in local.state_dict().items():
         np.testing.assert_allclose(state[name].numpy(), value.numpy(), rtol=1e-6, atol=1e-7,
                                    err_msg=name)
     assert torch.isfinite(model.eval()(torch.from_numpy(x[:2]))).all()
 
 
+@pytest.mark.slow
 def test_packaged_image_names_bad_data(client, package, tmp_path):
     """A data directory without train.npz, or with the wrong shapes, is named; nothing is
     written."""
@@ -177,59 +200,87 @@ def test_packaged_image_names_bad_data(client, package, tmp_path):
     assert not list(out.iterdir())
 
 
-def test_package_trial_runs_within_the_device_limits(package, step, host_build):
+@pytest.mark.slow
+def test_package_trial_runs_within_the_device_limits(package, host_step):
     """The stage's trial: the image as shipped fine-tunes within the profile's cores and memory
     and gives the build's losses; too little memory is a verdict, not a failure; an image this
     machine cannot run is said to be not run."""
-    from stages.package.__main__ import trial
+    from pipelines.evaluate.package import trial
 
     x, y = _batches(16)
-    result = trial(package[0], load_profile("host", {}), host_build, step[2], x, y, 8)
+    build, initial = host_step.directory, host_step.initial
+    result = trial(package[0], load_profile("host", {}), build, initial, x, y, 8)
     assert result["verdict"] == "ok" and result["steps"] == 2
     assert 0 < result["peak_rss_bytes"] < 24576 * 2**20
     assert 0 < result["ms_per_step"] * 2 < 1000 * result["container_seconds"]  # within the run
     small = load_profile("edge_x86", {"edge_x86": {"memory_mb": 48}})
-    assert trial(package[0], small, host_build, step[2], x, y, 8) == {
+    assert trial(package[0], small, build, initial, x, y, 8) == {
         "verdict": "out_of_memory", "cores": 2, "memory_mb": 48}
-    arm = trial(package[0], load_profile("rpi4", {}), host_build, step[2], x, y, 8)
+    arm = trial(package[0], load_profile("rpi4", {}), build, initial, x, y, 8)
     assert arm["verdict"] == "not_run" and "arm64 image is built, not run" in arm["reason"]
 
 
-def test_runtime_layers_are_reproducible(client, monkeypatch, tmp_path):
+@pytest.mark.slow
+def test_package_stage_makes_the_same_image_and_tries_it(client, package, host_step, tmp_path):
+    """package@<case>-<device>'s function: the image (the same ID for the same build and
+    start), tried on ``trial_steps`` seeded batches of the step's shapes."""
+    from pipelines.evaluate.package import package as package_case
+
+    metrics = package_case(CASE, "host", load_profile("host", {}), host_step.directory,
+                           host_step.initial, 2, 0, tmp_path)
+    assert metrics["image"] == package[0]["tag"] and package[0]["tag"] in metrics["run"]
+    assert metrics["trial"]["verdict"] == "ok" and metrics["trial"]["steps"] == 2
+
+
+@pytest.mark.slow
+def test_runtime_layers_are_reproducible(monkeypatch, tmp_path):
     """Made again from scratch (mmdebstrap, pip), the Debian and Python layers are the same
     bytes as the cached ones the images were built from, wherever the checkout is (pip ran
     under another interpreter path for the cached ones in CI's clean clone)."""
-    import pipelines.images as images
+    from pipelines.runtime import images
 
+    if shutil.which("mmdebstrap") is None:
+        pytest.skip("mmdebstrap not on PATH (Debian package mmdebstrap; `pock setup` installs it)")
     cached = images.runtime_layers("x86_64")
     monkeypatch.setattr(images, "CACHE", tmp_path)
     fresh = images.runtime_layers("x86_64")
+    assert [p.parent for p in fresh] == [tmp_path, tmp_path]
     assert [p.name for p in fresh] == [p.name for p in cached]
     assert [images.diff_id(p) for p in fresh] == [images.diff_id(p) for p in cached]
 
 
 def test_no_engine_says_how_to_start_one(monkeypatch):
-    from pipelines.images import engine
+    from pipelines.runtime.images import engine
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    with pytest.raises(ConfigError, match="dockerd --storage-driver=vfs"):
+    with pytest.raises(ConfigError, match="no Docker engine answers .*dockerd "
+                                          "--storage-driver=vfs"):
         engine()
 
 
 def test_only_cpu_builds_linked_here_are_packaged():
     from pipelines.compose import compose_text
-    from pipelines.images import packageable
+    from pipelines.runtime.images import packageable
 
     assert packageable(load_profile("rpi4", {})) == "aarch64"
+    assert packageable(load_profile("edge_x86", {})) == "x86_64"
     with pytest.raises(ConfigError, match="android_sd8g2.yaml: a container image runs a CPU "
                                           "build linked here"):
         packageable(load_profile("android_sd8g2", {}))
-    with pytest.raises(ConfigError, match="package.devices has 'edge_x86', which is not built"):
-        compose_text(["devices=[host]", "package.devices=[edge_x86]"])
-    with pytest.raises(ConfigError, match="package.trial_steps=0; allowed: an integer >= 1"):
+    with pytest.raises(ConfigError, match="jetson_orin.yaml: a container image runs a CPU "
+                                          "build linked here .* target kind 'cuda'"):
+        packageable(load_profile("jetson_orin", {}))
+    with pytest.raises(ConfigError, match=r"package.devices has 'edge_x86', which is not built; "
+                                          r"allowed: \['host'\]"):
+        compose_text(["devices=[]", "package.devices=[edge_x86]"])
+    with pytest.raises(ConfigError, match="android_sd8g2.yaml: a container image"):
+        compose_text(["package.devices=[host,android_sd8g2]"])
+    with pytest.raises(ConfigError, match=r"params\.yaml: package\.trial_steps=0 \(from "
+                                          r"conf/config\.yaml\): Input should be greater than 0"):
         compose_text(["package.trial_steps=0"])
 
 
 def test_docker_runner_refuses_another_cpu():
-    with pytest.raises(ConfigError, match="runner='docker' runs the build on this machine's CPU"):
+    with pytest.raises(ConfigError, match="rpi4.yaml with profiles.rpi4 from params.yaml: "
+                                          "runner='docker' runs the build on this machine's CPU"):
         load_profile("rpi4", {"rpi4": {"runner": "docker"}})
