@@ -1,11 +1,13 @@
-"""Backend switching: the step's matrix products as gemm kernels (stages/optimize/gemm.py), each
-generated or on OpenBLAS (pipelines/backends.py).
+"""Backend switching: the step's matrix products as gemm kernels
+(pipelines/transform/isolate_gemms.py), each generated or on OpenBLAS (pipelines/backend/blas.py).
 
-A small LLaMA-style decoder (the transformer tests' size) has products in every layout: nn, nt
-(a weight read transposed in the forward pass), tn (weight gradients) and batched attention.
-Its compiled step, every product on OpenBLAS, must follow PyTorch's over three chained steps
-(loss within 1e-5 relative, state within rtol 1e-4, atol 1e-6), as must the all-generated one;
-the build's measurement times both backends of every product.
+A small LLaMA-style decoder (conf/model/llama_tiny.yaml at dim 32, 2 layers, 2 heads, hidden 48,
+vocab 64, 16 tokens, batch 2) has products in every layout: nn, nt (a weight read transposed in
+the forward pass), tn (weight gradients) and batched attention. Its compiled step (full
+backpropagation, SGD lr 0.5 momentum 0.9), every product on OpenBLAS, must follow PyTorch's
+over three chained steps (loss within 1e-5 relative at every step, state within rtol 1e-4,
+atol 1e-6 at the end), as must the all-generated one; the build's measurement times both
+backends of every product.
 """
 import os
 import subprocess
@@ -13,35 +15,34 @@ import sys
 
 import numpy as np
 import pytest
-import tvm
-import yaml
-from tvm import relax
+from tvm import relax, tirx
 
-from conftest import chained_steps_match
-from pipelines.backends import OPENBLAS_LIB, gemm_kernels, measure, switch_backends
-from pipelines.config import CONF
-from pipelines.ir import tensor_type
-from pipelines.step import save_step
-from stages.optimize.gemm import isolate_gemms
-from stages.optimize.passes import optimize
-from stages.prune.__main__ import prune_scheme
-from stages.prune.scheme import select
-from stages.prune.show import full_step
+from conftest import compose_params
+from optimized_steps import optimized_case
+from pipelines.backend.blas import OPENBLAS_LIB, gemm_kernels, measure, switch_backends
+from pipelines.compile import build
+from pipelines.ir import signature_of, tensor_type, with_signature
+from pipelines.profiles import tvm_target
+from pipelines.transform import IsolateGemms
 
-MODEL = {"name": "llama_test", "arch": "llama", "vocab": 64, "dim": 32, "layers": 2, "heads": 2,
-         "hidden": 48, "seq_len": 16, "batch_size": 2}
-OPT = {"name": "sgd", "lr": 0.5, "momentum": 0.9}
-TARGET = tvm.target.Target({"kind": "llvm"})
+# The default experiment's llama_full case (full backpropagation, SGD), at the old test size
+# and with a large step.
+OVERRIDES = ["models.llama_tiny.kwargs.vocab=64", "models.llama_tiny.kwargs.dim=32",
+             "models.llama_tiny.kwargs.layers=2", "models.llama_tiny.kwargs.heads=2",
+             "models.llama_tiny.kwargs.hidden=48", "models.llama_tiny.kwargs.seq_len=16",
+             "models.llama_tiny.batch_size=2", "optimizers.sgd.lr=0.5",
+             "optimizers.sgd.momentum=0.9", "optimizers.sgd.weight_decay=0.0"]
 # Loads a build's library in a fresh process, every symbol bound at load (LD_BIND_NOW).
 LOAD = "import sys, tvm; tvm.runtime.load_module(sys.argv[1] + '/step.so')"
 
 
 @pytest.fixture(scope="module")
 def step():
-    layers, full, signature = full_step(MODEL, OPT)
-    scheme = yaml.safe_load((CONF / "sparse" / "full.yaml").read_text())
-    pruned, sig, _ = prune_scheme(scheme, layers, full, signature)
-    return optimize(pruned, sig, reorder=True), sig, select(scheme, layers)
+    """(model config, optimizer config, the optimized step, initial values by Relax name): the
+    phases of pipelines/compile.py up to the build, which each test does its own way."""
+    params = compose_params(*OVERRIDES)
+    case = optimized_case(params, "llama_full")
+    return case.model, params.optimizers["sgd"], case.optimized, case.initial
 
 
 def batches():
@@ -49,26 +50,52 @@ def batches():
     return [(rng.integers(0, 64, (2, 16)), rng.integers(0, 64, 32)) for _ in range(3)]
 
 
+@pytest.mark.slow
 def test_products_become_gemm_kernels_in_every_layout(step):
-    mod, _, _ = step
+    _, _, mod, _ = step
     layouts = {str(f.attrs["pockengine_gemm"]) for f in gemm_kernels(mod).values()}
     assert layouts == {"nn", "nt", "tn"}
     assert not any(gv.name_hint.startswith(("matmul", "fused_matmul")) for gv in mod.functions)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["openblas", "generated"])
-def test_switched_step_matches_pytorch(tmp_path, step, backend, monkeypatch):
-    mod, sig, selection = step
+def test_switched_step_matches_pytorch(tmp_path, host_profile, step, backend, monkeypatch):
+    from pipelines.evaluate.twin import torch_twin
+    from pipelines.models.torch_twin import make_optimizer, train_step
+    from pipelines.runtime.step import CompiledStep, selection_of
+
+    model, optimizer, mod, values = step
     everything = {name: backend for name in gemm_kernels(mod)}
-    monkeypatch.setattr("pipelines.backends.measure",
+    # The build measures the host's products: here every product takes ``backend``.
+    monkeypatch.setattr("pipelines.backend.blas.measure",
                         lambda mod, target: {n: {"backend": b} for n, b in everything.items()})
-    save_step(mod, sig, TARGET, tmp_path, measured_backends=True)
+    built = build(mod, host_profile, tmp_path)
+    assert {n: r["backend"] for n, r in built["backends"]["kernels"].items()} == everything
     assert (tmp_path / OPENBLAS_LIB).exists() == (backend == "openblas")
     switched = switch_backends(mod, everything)
     called = switched.script()
     assert ("pockengine_sgemm_" in called) == (backend == "openblas")
     assert not gemm_kernels(switched) if backend == "openblas" else gemm_kernels(switched)
-    chained_steps_match(tmp_path, MODEL, OPT, selection, sig, batches())
+
+    # Chained steps against PyTorch from the same state: the loss within 1e-5 at every step,
+    # the state within rtol 1e-4, atol 1e-6 after the last, frozen parameters untouched.
+    twin = torch_twin(model, signature_of(mod), values)
+    before = {k: v.clone() for k, v in twin.state_dict().items()}
+    compiled_step = CompiledStep(tmp_path, values)
+    selection = selection_of(compiled_step.signature)
+    update = make_optimizer(twin, optimizer, selection)
+    for tokens, labels in batches():
+        want = train_step(twin, update, tokens, labels)
+        assert compiled_step.step(tokens, labels) == pytest.approx(want, rel=1e-5)
+    after = compiled_step.state_dict()
+    assert set(after) == set(twin.state_dict())
+    for name, value in twin.state_dict().items():
+        np.testing.assert_allclose(after[name].numpy(), value.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+        if name not in selection:
+            np.testing.assert_array_equal(after[name].numpy(), before[name].numpy(),
+                                          err_msg=f"{name} is frozen")
     # The library loads in a process that has loaded nothing else: it finds OpenBLAS beside
     # itself (in this one, scipy may have loaded a library with the same symbols).
     run = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path)], capture_output=True,
@@ -76,9 +103,10 @@ def test_switched_step_matches_pytorch(tmp_path, step, backend, monkeypatch):
     assert run.returncode == 0, run.stderr
 
 
-def test_measurement_times_both_backends(step):
-    mod, _, _ = step
-    rows = measure(mod, TARGET)
+@pytest.mark.slow
+def test_measurement_times_both_backends(host_profile, step):
+    _, _, mod, _ = step
+    rows = measure(mod, tvm_target(host_profile))
     assert set(rows) == set(gemm_kernels(mod))
     for row in rows.values():
         assert row["generated_ms"] > 0 and row["openblas_ms"] > 0
@@ -101,8 +129,14 @@ def test_a_batched_product_reads_a_permuted_operand_transposed():
                                           [6, 5, 4]))
             out = bb.emit_output(relax.op.matmul(q3, kt))
         bb.emit_func_output(out)
-    mod, count = isolate_gemms(bb.get())
+    mod = IsolateGemms()(with_signature(bb.get(), {"data": ["q", "k"]}))
+    assert signature_of(mod) == {"data": ["q", "k"]}  # the module's attributes are kept
     mod = relax.transform.DeadCodeElimination()(mod)
-    assert count == 1
-    assert [str(f.attrs["pockengine_gemm"]) for f in gemm_kernels(mod).values()] == ["nt"]
+    kernels = gemm_kernels(mod)
+    calls = [b.value for block in mod["train_step"].body.blocks for b in block.bindings
+             if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "")
+             == "relax.call_tir"]
+    assert len(calls) == 1 and calls[0].args[0].name_hint in kernels
+    assert all(isinstance(f, tirx.PrimFunc) for f in kernels.values())
+    assert [str(f.attrs["pockengine_gemm"]) for f in kernels.values()] == ["nt"]
     assert "permute_dims" not in mod["train_step"].script()

@@ -1,5 +1,7 @@
-"""Default CPU schedules (pipelines/schedules.py): kernels become parallel and vector-friendly,
-and compute what the unscheduled kernels compute."""
+"""Default CPU schedules (pipelines/backend/cpu_schedules.py): kernels become parallel and
+vector-friendly, and compute what the unscheduled kernels compute (rtol and atol 1e-5). exp,
+sigmoid and erf become polynomials nearly as exact as libm: exp rtol 2e-7, sigmoid rtol 3e-7,
+erf atol 4e-7 against float64."""
 import math
 import re
 
@@ -9,7 +11,7 @@ import tvm
 from tvm import relax
 
 from pipelines.ir import tensor_type
-from pipelines.schedules import SERIAL_WORK, VECTOR, schedule_cpu_kernels
+from pipelines.backend.cpu_schedules import SERIAL_WORK, VECTOR, schedule_cpu_kernels
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 

@@ -1,6 +1,7 @@
-"""Tuned schedules (pipelines/tuning.py, stages/tune): the committed pre-tuned records compute
-what the default schedules compute, the database the tune stage writes is the same bytes for
-the same inputs, and bad settings are refused. A step built with the records is checked against
+"""Tuned schedules (pipelines/backend/tuning.py, pipelines/backend/tune_step.py): the committed
+pre-tuned records compute what the default schedules compute (seeded random inputs, rtol 1e-4,
+atol 1e-5: computes_the_same), the database the tune stage writes is the same bytes for the
+same inputs, and bad settings are refused. A step built with the records is checked against
 PyTorch in tests/test_train_step.py. Nothing here tunes: the records are the committed ones of
 device_profiles/tuned/."""
 import re
@@ -9,25 +10,20 @@ from pathlib import Path
 import pytest
 import tvm
 import tvm_ffi
-import yaml
 from tvm.s_tir import meta_schedule as ms
 
-from pipelines.config import CONF, ConfigError, load_profile, tvm_target
-from pipelines.tuning import (PRETUNED, InProcessBuilder, computes_the_same, copy_record,
-                              merge_databases, open_database, open_databases, select_records,
-                              tunable_kernels, workload)
-from stages.optimize.passes import optimize
-from stages.prune.prune import sparse_step
-from stages.prune.scheme import select
-from stages.prune.show import full_step
+from optimized_steps import optimized_case
+from pipelines.backend.tuning import (PRETUNED, InProcessBuilder, computes_the_same, copy_record,
+                                      merge_databases, open_database, open_databases,
+                                      select_records, tunable_kernels, workload)
+from pipelines.config import ConfigError
+from pipelines.io import ROOT
+from pipelines.profiles import load_profile, tvm_target
 
 HOST = load_profile("host", {})
 TARGET = tvm_target(HOST)
-COMMITTED = open_database(PRETUNED / "host")
-# The main pipeline's default step (conf/config.yaml): the kernels the records were tuned for.
-MODEL = {"name": "mbv2", "arch": "mobilenetv2", "width": 0.35, "num_classes": 10,
-         "in_channels": 3, "image_size": 32, "batch_size": 8}
-OPT = {"name": "sgd", "lr": 0.05, "momentum": 0.9}
+COMMITTED_DIR = ROOT / PRETUNED
+COMMITTED = open_database(COMMITTED_DIR / "host")
 
 
 def committed_kernels() -> list:
@@ -38,12 +34,13 @@ def test_a_pretuned_database_is_committed_for_the_host():
     assert len(committed_kernels()) > 0
 
 
-@pytest.mark.parametrize("device", sorted(path.name for path in PRETUNED.iterdir()))
+@pytest.mark.slow  # every committed kernel built twice and run (a minute for the host's)
+@pytest.mark.parametrize("device", sorted(path.name for path in COMMITTED_DIR.iterdir()))
 def test_committed_records_compute_what_the_default_schedules_compute(device):
     # Seeded random inputs, float32 rounding apart (rtol 1e-4, atol 1e-5): the check that
     # dropped a wrong MetaSchedule schedule when the database was committed. Every committed
     # database is for a profile whose code runs here (tuning needs that).
-    database, target = open_database(PRETUNED / device), tvm_target(load_profile(device, {}))
+    database, target = open_database(COMMITTED_DIR / device), tvm_target(load_profile(device, {}))
     records = database.get_all_tuning_records()
     assert records
     for record in records:
@@ -51,24 +48,20 @@ def test_committed_records_compute_what_the_default_schedules_compute(device):
         assert computes_the_same(mod["main"], target, database), mod["main"].script()[:400]
 
 
-def scheme_step(name: str):
-    layers, full, signature = full_step(MODEL, OPT)
-    scheme = yaml.safe_load((CONF / "sparse" / f"{name}.yaml").read_text())
-    selection = select(scheme, layers)
-    step, signature, _ = sparse_step(full, signature, selection)
-    return optimize(step, dict(signature, scheme=name), reorder=True), signature, selection
-
-
+# The main pipeline's default steps (conf/experiment/default.yaml): MobileNetV2 with the paper's
+# scheme (case mbv2) and with full backpropagation (case mbv2_full), the kernels the records
+# were tuned for.
 @pytest.fixture(scope="module")
-def paper_step():
-    return scheme_step("mbv2_paper")
+def paper_step(params):
+    return optimized_case(params, "mbv2").optimized
 
 
+@pytest.mark.slow
 def test_the_tune_stage_selects_the_same_bytes_twice(tmp_path, paper_step):
-    from stages.tune.__main__ import calls_per_step
-    from pipelines.backends import switch_backends
+    from pipelines.backend.blas import switch_backends
+    from pipelines.backend.tune_step import calls_per_step
 
-    mod = switch_backends(paper_step[0], {})
+    mod = switch_backends(paper_step, {})
     kernels = tunable_kernels(mod)
     assert calls_per_step(mod)  # every kernel the step calls is counted
     first = select_records(kernels, [COMMITTED], tmp_path / "a")
@@ -77,7 +70,7 @@ def test_the_tune_stage_selects_the_same_bytes_twice(tmp_path, paper_step):
     for name in ("workloads.json", "records.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     # Merging the committed database with itself changes nothing it holds.
-    assert merge_databases([PRETUNED / "host", tmp_path / "a"], tmp_path / "merged",
+    assert merge_databases([COMMITTED_DIR / "host", tmp_path / "a"], tmp_path / "merged",
                            TARGET) == len(committed_kernels())
 
 
@@ -98,12 +91,14 @@ def test_databases_opened_together_apply_the_fastest_record_any_of_them_holds(tm
                                  workload_name="main") is not None
 
 
-def test_the_committed_host_records_cover_full_backpropagation_too(paper_step):
-    # The schemes stage times full BP beside the paper's scheme: the kernels only full BP
+@pytest.mark.slow
+def test_the_committed_host_records_cover_full_backpropagation_too(params, paper_step):
+    # The default experiment times full BP beside the paper's scheme: the kernels only full BP
     # has (the backward of the layers mbv2_paper freezes) were tuned too.
     paper = {tvm_ffi.structural_hash(workload(func))
-             for func in tunable_kernels(paper_step[0]).values()}
-    only_full = [workload(func) for func in tunable_kernels(scheme_step("full")[0]).values()
+             for func in tunable_kernels(paper_step).values()}
+    full = optimized_case(params, "mbv2_full").optimized
+    only_full = [workload(func) for func in tunable_kernels(full).values()
                  if tvm_ffi.structural_hash(workload(func)) not in paper]
     assert only_full and any(COMMITTED.has_workload(mod) for mod in only_full)
 

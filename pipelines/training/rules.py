@@ -2,7 +2,7 @@
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
 embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU).
 
-Each rule is checked numerically against PyTorch autograd in tests/training/test_rules.py.
+Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
 Rules are registered once, on import; a rule TVM later ships itself is left in place.
 """
 from __future__ import annotations
