@@ -1,149 +1,207 @@
-"""LoRA (pipelines/lora.py): rank-r adapters beside chosen projections, through the compiler.
+"""LoRA: rank-r adapters beside chosen projections, added to the lowered graph
+(pipelines/training/lora.py) and compiled as an ordinary case of the chain; their PyTorch twin
+and exports (pipelines/models/lora.py, pipelines/evaluate/finetune.py: lora_export).
 
-The compiled MiniLM and llama_tiny steps with adapters are checked against PyTorch autograd on
-the same adapted model (three chained steps: loss within 1e-5 relative, updated tensors within
-rtol 1e-4, atol 1e-6, frozen ones bit-identical). Exports: merged weights give the adapted
-model's outputs without adapters (atol 1e-5); separate ones reload to the same model.
+The compiled MiniLM and llama_tiny steps with adapters (the conftest's small models, cases
+minilm_lora and llama_lora, with SGD momentum) are checked against PyTorch autograd on the same
+adapted model (three chained steps: loss within 1e-5 relative, updated tensors within rtol
+1e-4, atol 1e-6, frozen ones bit-identical; tests/chained_steps.py); fresh adapters change
+nothing (the step's first loss is the plain model's, within 1e-5). Exports: merged weights give
+the adapted model's outputs without adapters (atol 1e-5); separate ones reload to the same
+model (exactly).
 """
-
 import numpy as np
 import pytest
 import torch
-import tvm
-import yaml
+from chained_steps import chained_steps_match, lowered
+from conftest import compose_params
 
-from conftest import chained_steps_match
-from pipelines.config import CONF, ConfigError
-from pipelines.lora import adapter_state, add_adapters, check_lora, merged_state
-from pipelines.models import build_model
-from pipelines.step import save_step
-from stages.optimize.passes import optimize
-from stages.prune.prune import sparse_step
-from stages.prune.scheme import select
-from stages.prune.show import full_step
+from pipelines.config import SGD, ConfigError, LoRA
+from pipelines.evaluate.finetune import lora_export
+from pipelines.evaluate.twin import torch_twin
+from pipelines.frontends.torch_module import load_module
+from pipelines.models.lora import (
+    adapted_modules,
+    adapter_state,
+    add_adapters,
+    merged_state,
+)
+from pipelines.runtime.step import CompiledStep, selection_of
+from pipelines.training.lora import add_adapters as add_relax_adapters
+from pipelines.training.lora import lora_of
 
-MINILM = {"name": "minilm_test", "arch": "minilm", "layers": 2, "num_classes": 3,
-          "seq_len": 16, "batch_size": 2, "pretrained": True}
-LLAMA = {"name": "llama_test", "arch": "llama", "vocab": 64, "dim": 32, "layers": 2,
-         "heads": 2, "hidden": 48, "seq_len": 8, "batch_size": 2}
 # SGD with momentum: Adam divides by the root of tiny second moments, which turns float
 # rounding in the adapters' first gradients (A's is zero while B is) into visible differences.
-OPT = {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0001}
+OPT = SGD(kind="sgd", lr=0.05, momentum=0.9, weight_decay=0.0001)
+LLAMA_ADAPTED = [f"layers.{b}.attn.{p}" for b in (0, 1) for p in ("q_proj", "v_proj")]
 
 
-def scheme(name: str) -> dict:
-    return yaml.safe_load((CONF / "sparse" / f"{name}.yaml").read_text())
-
-
-def token_batches(model: dict, classes: bool, count: int = 3):
+def token_batches(model, classes: bool, count: int = 3):
     rng = np.random.default_rng(0)
-    vocab = 30522 if model["arch"] == "minilm" else model["vocab"]
-    shape = (model["batch_size"], model["seq_len"])
+    vocab = model.kwargs.get("vocab", 30522)
+    shape = (model.batch_size, model.kwargs["seq_len"])
     out = []
     for _ in range(count):
         x = rng.integers(1, vocab, shape)
-        y = (rng.integers(0, model["num_classes"], shape[0]) if classes
+        y = (rng.integers(0, model.kwargs["num_classes"], shape[0]) if classes
              else rng.integers(0, vocab, shape[0] * shape[1]))
         out.append((x, y))
     return out
 
 
-@pytest.mark.parametrize("model, name", [(MINILM, "minilm_lora"), (LLAMA, "llama_lora")],
-                         ids=["minilm_lora", "llama_lora"])
-def test_compiled_lora_step_matches_pytorch(tmp_path, model, name):
-    lora_scheme = scheme(name)
-    layers, full, signature = full_step(model, OPT, lora_scheme["lora"], 0)
-    selection = select(lora_scheme, layers)
+@pytest.fixture(scope="module")
+def llama(small):
+    return small.models["llama_tiny"]
+
+
+@pytest.fixture(scope="module")
+def llama_lowered(llama, tmp_path_factory):
+    """The small llama_tiny's lowered main, names, origins and values."""
+    return lowered(llama, tmp_path_factory.mktemp("llama_lora"))[:4]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["minilm_lora", "llama_lora"])
+def test_compiled_lora_step_matches_pytorch(small, build_case, case):
+    """LoRA is an ordinary case of the chain: compile() adds the adapters the scheme names."""
+    compiled = build_case(small, case, optimizer=OPT)
+    spec = small.cases[case]
+    model, lora = small.models[spec.model], small.schemes[spec.scheme].lora
+    selection = selection_of(compiled.signature)
     # Only the adapters (and MiniLM's head) train: rank 8 beside query and value of each block.
     adapters = [n for n in selection if ".lora_" in n]
-    assert len(adapters) == 2 * 2 * model["layers"]
+    assert len(adapters) == 2 * 2 * model.kwargs["layers"]
     assert set(selection) - set(adapters) <= {"classifier.weight", "classifier.bias"}
-    pruned, sig, _ = sparse_step(full, signature, selection)
-    sig = dict(sig, scheme=name)
-    save_step(optimize(pruned, sig, reorder=True), sig, tvm.target.Target({"kind": "llvm"}),
-              tmp_path)
-    before, after = chained_steps_match(tmp_path, model, OPT, selection, sig,
-                                        token_batches(model, model["arch"] == "minilm"),
-                                        lora=lora_scheme["lora"])
+    assert compiled.signature["lora"] == {"rank": 8, "scale": lora.scale}
+    batches = token_batches(model, spec.model == "minilm")
+    # Fresh adapters (B = 0) change nothing: the step's first loss is the plain model's.
+    plain = torch_twin(model, compiled.signature, compiled.initial, adapters=False)
+    with torch.no_grad():
+        plain_loss = torch.nn.functional.cross_entropy(
+            plain(torch.from_numpy(batches[0][0])), torch.from_numpy(batches[0][1])).item()
+    assert CompiledStep(compiled.directory, compiled.initial).step(*batches[0]) == (
+        pytest.approx(plain_loss, rel=1e-5))
+    before, after = chained_steps_match(compiled, model, OPT, batches)
     # The zero-initialised B moved, so the adapters do change the model now.
     b = next(n for n in adapters if n.endswith("lora_b.weight"))
     assert not torch.equal(after[b], before[b])
 
 
-def test_fresh_adapters_change_nothing_and_are_seeded():
-    torch.manual_seed(0)
-    plain = build_model(LLAMA).eval()
-    x = torch.from_numpy(token_batches(LLAMA, False, 1)[0][0])
-    want = plain(x)
-    lora = scheme("llama_lora")["lora"]
-    adapted = add_adapters(plain, lora, seed=3)
-    assert adapted == [f"layers.{b}.attn.{p}" for b in (0, 1) for p in ("q_proj", "v_proj")]
-    torch.testing.assert_close(plain(x), want, rtol=0, atol=0)  # B starts at zero
-    torch.manual_seed(0)
-    again = build_model(LLAMA)
-    add_adapters(again, lora, seed=3)
-    for name, value in plain.state_dict().items():
-        assert torch.equal(value, again.state_dict()[name]), name
-    other = build_model(LLAMA)
-    add_adapters(other, lora, seed=4)
-    assert not torch.equal(other.layers[0].attn.q_proj.lora_a.weight,
-                           plain.layers[0].attn.q_proj.lora_a.weight)
+def adapt(lowered_model, lora, seed):
+    """The lowered main with adapters: (main, names table and values by Relax name, both with
+    the adapters', and the adapters' names)."""
+    main, names, _, values = lowered_model
+    num_params = sum(1 for kind, _ in names.values() if kind == "parameter")
+    func, new_names, new_values = add_relax_adapters(main, names, num_params, lora, seed)
+    return func, {**names, **new_names}, {**values, **new_values}, new_names
 
 
-def test_merged_export_equals_the_adapted_model_and_separate_reloads():
+def test_fresh_adapters_change_nothing_and_are_seeded(small, llama, llama_lowered):
+    lora = small.schemes["llama_lora"].lora
+    main = llama_lowered[0]
+    func, names, values, new_names = adapt(llama_lowered, lora, seed=3)
+    sources = {r: source for r, (_, source) in names.items()}
+    assert lora_of([s for _, s in new_names.values()]) == LLAMA_ADAPTED
+    # A (rank x in) seeded within Kaiming's bound 1/sqrt(in), B (out x rank) zero; both new
+    # parameters of main, after the model's own.
+    dim = llama.kwargs["dim"]
+    for relax_name, (kind, source) in new_names.items():
+        assert kind == "parameter"
+        value = values[relax_name]
+        if source.endswith("lora_a.weight"):
+            assert value.shape == (8, dim) and 0 < np.abs(value).max() <= 1 / np.sqrt(dim)
+        else:
+            assert value.shape == (dim, 8) and not value.any()
+    count = int(main.attrs["num_input"])
+    assert [p.name for p in func.params] == (
+        [p.name for p in main.params] + list(new_names))  # llama_tiny has no buffers
+    assert count == int(func.attrs["num_input"])
+    # The same seed draws the same adapters; another seed other A's.
+    _, _, again, _ = adapt(llama_lowered, lora, seed=3)
+    _, _, other, _ = adapt(llama_lowered, lora, seed=4)
+    for name in new_names:
+        np.testing.assert_array_equal(again[name], values[name])
+    a = next(n for n, (_, s) in new_names.items() if s.endswith("lora_a.weight"))
+    assert not np.array_equal(other[a], values[a])
+    # The PyTorch twin with these fresh adapters computes what the plain model does.
+    signature = {"source_names": sources, "lora": {"rank": lora.rank, "scale": lora.scale}}
+    adapted = torch_twin(llama, signature, values).eval()
+    plain = torch_twin(llama, signature, values, adapters=False).eval()
+    assert adapted_modules(adapted.state_dict()) == LLAMA_ADAPTED
+    assert not adapted_modules(plain.state_dict())
+    x = torch.from_numpy(token_batches(llama, False, 1)[0][0])
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(x), plain(x), rtol=0, atol=0)
+
+
+def test_merged_export_equals_the_adapted_model_and_separate_reloads(small, llama):
+    lora = small.schemes["llama_lora"].lora
     torch.manual_seed(0)
-    lora = dict(scheme("llama_lora")["lora"], export="merged")
-    model = build_model(LLAMA).eval()
-    add_adapters(model, lora, seed=0)
+    model, _ = load_module(llama)
+    add_adapters(model.eval(), LLAMA_ADAPTED, lora.rank, lora.scale)
     with torch.no_grad():  # a trained adapter: B no longer zero
         for module in model.modules():
             if hasattr(module, "lora_b"):
+                module.lora_a.weight.uniform_(-0.1, 0.1)
                 module.lora_b.weight.normal_(0, 0.1)
-    x = torch.from_numpy(token_batches(LLAMA, False, 1)[0][0])
-    want = model(x)
-    merged = merged_state(model.state_dict(), lora)
+    x = torch.from_numpy(token_batches(llama, False, 1)[0][0])
+    with torch.no_grad():
+        want = model(x)
+    state = model.state_dict()
+    trained = dict.fromkeys([n for n in state if ".lora_" in n] + ["norm.weight"])
+
+    filename, merged = lora_export(state, lora.model_copy(update={"export": "merged"}), trained)
+    assert filename == "merged.safetensors"
     assert not any(".lora_" in k for k in merged)
-    plain = build_model(LLAMA).eval()
-    plain.load_state_dict(merged)  # the plain architecture: no adapters, every key
-    torch.testing.assert_close(plain(x), want, rtol=1e-5, atol=1e-5)
+    assert set(merged) == set(merged_state(state, lora.scale))
+    torch.manual_seed(1)  # other initial values: the merged state replaces every one
+    plain, _ = load_module(llama)
+    plain.eval().load_state_dict(merged)  # the plain architecture: no adapters, every key
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), want, rtol=1e-5, atol=1e-5)
 
-    separate = adapter_state(model.state_dict(), trained={"norm.weight"})
-    assert set(separate) == ({n for n in model.state_dict() if ".lora_" in n}
-                             | {"norm.weight"})
-    torch.manual_seed(0)
-    reloaded = build_model(LLAMA).eval()
-    add_adapters(reloaded, lora, seed=1)  # another seed: the file's values replace them
-    reloaded.load_state_dict(separate, strict=False)
-    torch.testing.assert_close(reloaded(x), want, rtol=0, atol=0)
+    filename, separate = lora_export(state, lora, trained)
+    assert filename == "adapters.safetensors"
+    assert set(separate) == set(trained) == set(adapter_state(state, {"norm.weight"}))
+    torch.manual_seed(0)  # the model the adapters were trained from
+    reloaded, _ = load_module(llama)
+    add_adapters(reloaded.eval(), LLAMA_ADAPTED, lora.rank, lora.scale)
+    reloaded.load_state_dict(separate, strict=False)  # the file's values replace the rest
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("lora, message", [
-    ({"rank": 0, "modules": ["x"]}, "rank=0; allowed: an integer >= 1"),
-    ({"rank": 4, "alpha": -1, "modules": ["x"]}, "alpha=-1; allowed: a number > 0"),
-    ({"rank": 4, "modules": []}, "modules=[]; allowed: a non-empty list"),
-    ({"rank": 4, "modules": ["re:("]}, "not a valid regular expression"),
-    ({"rank": 4, "modules": ["x"], "export": "zip"}, "export='zip'; allowed: separate, merged"),
-    ({"rank": 4, "modules": ["x"], "dropout": 0.1}, "unknown keys ['dropout']"),
+LORA_FILE = "(from conf/sparse/llama_lora.yaml)"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("schemes.llama_lora.lora.rank=0",
+     f"schemes.llama_lora.lora.rank=0 {LORA_FILE}: Input should be greater than 0"),
+    ("schemes.llama_lora.lora.alpha=-1",
+     f"schemes.llama_lora.lora.alpha=-1 {LORA_FILE}: Input should be greater than 0"),
+    ("schemes.llama_lora.lora.modules=[]",
+     f"schemes.llama_lora.lora.modules=[] {LORA_FILE}: List should have at least 1 item"),
+    ("schemes.llama_lora.lora.export=zip",
+     (f"schemes.llama_lora.lora.export='zip' {LORA_FILE}: Input should be 'separate' or "
+      "'merged'")),
+    ("+schemes.llama_lora.lora.dropout=0.1",
+     f"schemes.llama_lora.lora {LORA_FILE}: unknown keys ['dropout']"),
 ])
-def test_bad_lora_sections_are_named(lora, message):
-    with pytest.raises(ConfigError, match=r"conf/sparse/x.yaml: lora") as err:
-        check_lora(lora, "conf/sparse/x.yaml: lora")
+def test_bad_lora_sections_are_named(override, message):
+    with pytest.raises(ConfigError, match=r"params\.yaml: schemes\.llama_lora\.lora") as err:
+        compose_params(override)
     assert message in str(err.value)
 
 
-def test_a_pattern_matching_no_linear_layer_is_named():
-    model = build_model(LLAMA)
-    with pytest.raises(ConfigError, match=r"'layers.\*.attn.qproj' matches no linear layer of "
-                                          r"the model; its linear layers: layers.0.attn.q_proj"):
-        add_adapters(model, {"rank": 2, "modules": ["layers.*.attn.qproj"]}, 0)
-    # Norms are not linear layers.
-    with pytest.raises(ConfigError, match="matches no linear layer"):
-        add_adapters(model, {"rank": 2, "modules": ["norm"]}, 0)
-
-
-def test_the_main_pipeline_refuses_a_lora_scheme(monkeypatch):
-    import stages.prune.__main__ as prune
-
-    monkeypatch.setattr(prune, "load_params", lambda: {"sparse": scheme("minilm_lora")})
-    with pytest.raises(ConfigError, match="sparse='minilm_lora' is a LoRA scheme .*text_task"):
-        prune.main()
+def test_a_pattern_no_linear_layer_matches_is_named(llama_lowered):
+    with pytest.raises(ConfigError, match=r"lora\.modules: 'layers\.\*\.attn\.qproj' matches no "
+                                          r"module with a weight; the model's: .*layers\.0\.attn"
+                                          r"\.q_proj"):
+        adapt(llama_lowered, LoRA(rank=2, modules=["layers.*.attn.qproj"]), 0)
+    # Norms have a weight, but not a linear projection's.
+    with pytest.raises(ConfigError, match=r"\['norm'\] are not used as a linear projection's "
+                                          r"weight"):
+        adapt(llama_lowered, LoRA(rank=2, modules=["norm"]), 0)
+    with pytest.raises(ConfigError, match=r"lora\.modules: module pattern 're:\(' is not a "
+                                          r"valid regular expression"):
+        adapt(llama_lowered, LoRA(rank=2, modules=["re:("]), 0)

@@ -16,7 +16,7 @@ from pipelines.io import ROOT
 
 SMALL = ["experiment=model", "model@models.model=mbv2", "models.model.pretrain.epochs=1",
          "models.model.finetune.epochs=1", "cases.model.scheme=mbv2_paper",
-         "cases.model.evaluate=[speed,finetune]", "deploy=[model]", "devices=[android_sd8g2]",
+         "++cases.model.evaluate=[speed,finetune]", "deploy=[model]", "devices=[android_sd8g2]",
          "package.devices=[]", "benchmark.warmup=1", "benchmark.steps=3"]
 
 
@@ -56,7 +56,7 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
         "evaluate@model", "profile@model", "device_tune@model-android_sd8g2",
         "device_build@model-android_sd8g2", "benchmark@model-android_sd8g2", "report"}
     art = repo / "artifacts"
-    for path in ["models/model/lower/main.relax.py", "cases/model/autodiff/train_step.relax.py",
+    for path in ["models/model/lower/model.relax.py", "cases/model/autodiff/train_step.relax.py",
                  "cases/model/prune/train_step.relax.py", "cases/model/optimize/plan.json",
                  "cases/model/host/build/manifest.json",
                  "cases/model/android_sd8g2/build/manifest.json",

@@ -1,15 +1,14 @@
-"""The text task (stages/text_task): its synthetic sentences, labels and tokens, its
-configuration errors, and one small run of the stage (a 2-block MiniLM, LoRA, a few steps:
-the compiled step's first losses checked against PyTorch's, the export reloaded and scored)."""
-
-import json
-
+"""The text task: its synthetic sentences, labels and tokens (pipelines/data/sentences.py), the
+configuration errors of the cases that fine-tune on it, and one small fine-tuning run of a LoRA
+case (pipelines/evaluate/finetune.py: a 2-block MiniLM, batch 8, 16 training sentences, the
+case's AdamW; the compiled step's losses within 1e-3 of PyTorch's beside it, its first two
+within 1e-4 relative, the export reloaded and scored)."""
 import pytest
-import torch
+from conftest import compose_params
 
-import stages.text_task.__main__ as stage
-from pipelines.config import ConfigError, load_profile
-from stages.text_task.data import (NEGATIONS, SPLITS, load_vocab, sentences, tokenize)
+from pipelines.config import ConfigError, case_optimizer
+from pipelines.data.sentences import NEGATIONS, SPLITS, sentences, tokenize, tokenizer
+from pipelines.evaluate.finetune import check_first_losses
 
 
 def oracle(text: str) -> int:
@@ -39,85 +38,88 @@ def test_test_sentences_use_words_no_training_sentence_has():
     assert [oracle(t) for t in test_texts] == test_labels.tolist()
 
 
-def test_tokens_are_vocabulary_lines_with_cls_sep_and_padding():
-    vocab = load_vocab()
-    ids = tokenize(["the food was good"], 8, vocab)
-    words = {i: w for w, i in vocab.items()}
-    assert [words[i] for i in ids[0]] == ["[CLS]", "the", "food", "was", "good", "[SEP]",
-                                          "[PAD]", "[PAD]"]
-    with pytest.raises(ConfigError, match="takes 6 tokens; model.seq_len is 4"):
-        tokenize(["the food was good"], 4, vocab)
-    with pytest.raises(ConfigError, match=r"\['yummy'\] are not whole tokens"):
-        tokenize(["the food was yummy"], 8, vocab)
+def test_tokens_are_the_models_vocabulary_with_cls_sep_and_padding():
+    ids = tokenize(["the food was good"], 8)
+    vocabulary = tokenizer(8)
+    assert [vocabulary.id_to_token(int(i)) for i in ids[0]] == [
+        "[CLS]", "the", "food", "was", "good", "[SEP]", "[PAD]", "[PAD]"]
+    assert ids[0, -1] == 0  # [PAD] is id 0, which MiniLM masks
+    with pytest.raises(ConfigError, match="takes 6 tokens; the model's seq_len is 4"):
+        tokenize(["the food was good"], 4)
 
 
-TASK = {"model": "minilm", "schemes": ["minilm_lora"], "optimizer": "adamw",
-        "lr": {"minilm_lora": 1e-3},
-        "epochs": 1, "train_sentences": 16, "test_sentences": 24}
-
-
-@pytest.mark.parametrize("change, message", [
-    ({"model": "llama_tiny"}, "text_task.model='llama_tiny' is a llama model; allowed: an "
-                              "encoder with a classification head"),
-    ({"model": "bert"}, "text_task.model names 'bert'; allowed: "),
-    ({"schemes": ["minilm_papr"]}, "text_task.schemes names 'minilm_papr'; allowed: "),
-    ({"schemes": []}, "text_task.schemes must list conf/sparse schemes"),
-    ({"optimizer": "lion"}, "text_task.optimizer names 'lion'; allowed: "),
-    ({"epochs": 0}, "text_task.epochs=0; allowed: an integer >= 1"),
-    ({"schemes": ["full", "minilm_lora"]}, "allowed: a learning rate per scheme, for each of "
-                                           "['full', 'minilm_lora']"),
-    ({"lr": {"minilm_lora": -1}}, "text_task.lr.minilm_lora=-1; allowed: a number > 0"),
-    ({"train_sentences": 4}, "text_task.train_sentences=4 is less than one batch"),
+@pytest.mark.parametrize("override, message", [
+    ("cases.minilm_lora.model=llama_tiny",
+     "cases.minilm_lora.evaluate has finetune, but model 'llama_tiny' has no fine-tuning task"),
+    ("cases.minilm_lora.model=bert", "cases.minilm_lora.model='bert'; allowed: "),
+    ("cases.minilm_lora.scheme=minilm_papr", "cases.minilm_lora.scheme='minilm_papr'; allowed: "),
+    ("cases.minilm_lora.optimizer=lion", "cases.minilm_lora.optimizer='lion'; allowed: "),
+    ("models.minilm.finetune.epochs=0",
+     ("models.minilm.finetune.epochs=0 (from conf/model/minilm.yaml): Input should be "
+      "greater than 0")),
+    ("cases.minilm_lora.lr=-1",
+     "cases.minilm_lora.lr=-1 (from conf/experiment): Input should be greater than 0"),
+    ("models.minilm.data.train_sentences=0",
+     ("models.minilm.data.train_sentences=0 (from conf/model/minilm.yaml): Input should be "
+      "greater than 0")),
 ])
-def test_bad_text_task_settings_are_named(change, message):
+def test_bad_text_task_settings_are_named(override, message):
     with pytest.raises(ConfigError, match="params.yaml") as err:
-        stage.load_task({"text_task": dict(TASK, **change), "seed": 0})
+        compose_params(override)
     assert message in str(err.value)
 
 
+@pytest.fixture(scope="module")
+def tiny_task():
+    """The default experiment with a 2-block MiniLM at batch 8 and a text task of 16 training
+    and 24 test sentences (two steps an epoch)."""
+    return compose_params("models.minilm.kwargs.layers=2", "models.minilm.batch_size=8",
+                          "models.minilm.data.train_sentences=16",
+                          "models.minilm.data.test_sentences=24")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("export", ["separate", "merged"])
-def test_a_small_lora_run_writes_metrics_curves_and_a_checked_export(tmp_path, monkeypatch,
-                                                                      export):
-    small = {"name": "minilm", "arch": "minilm", "layers": 2, "num_classes": 2, "seq_len": 32,
-             "batch_size": 8, "pretrained": True}
-    real = stage.load_conf_entry
+def test_a_small_lora_run_fine_tunes_beside_pytorch_and_checks_its_export(tiny_task, build_case,
+                                                                          export):
+    from pipelines.data import make_data
+    from pipelines.evaluate.finetune import finetune
 
-    def load(group, name, key):
-        entry = real(group, name, key)
-        if group == "model":
-            return small
-        if group == "sparse":
-            entry["lora"]["export"] = export
-        return entry
-
-    monkeypatch.setattr(stage, "load_conf_entry", load)
-    monkeypatch.setattr(stage, "load_params", lambda: {"text_task": TASK, "seed": 0})
-    monkeypatch.setattr(stage, "OUT", tmp_path / "text_task")
-    # The host profile from its file: a clean checkout has no artifacts/profiles yet.
-    monkeypatch.setattr(stage, "resolved_profile", lambda name: load_profile(name, {}))
-    stage.main()
-    metrics = json.loads((tmp_path / "text_task" / "metrics.json").read_text())
-    row = metrics["schemes"]["minilm_lora"]
-    assert metrics["train_sentences"] == 16 and row["steps"] == 2
-    assert metrics["data"].startswith("synthetic")
+    case = tiny_task.cases["minilm_lora"]
+    model, optimizer = tiny_task.models[case.model], case_optimizer(tiny_task, case)
+    assert (optimizer.kind, optimizer.lr) == ("adamw", 1e-3)
+    lora = tiny_task.schemes[case.scheme].lora.model_copy(update={"export": export})
+    compiled = build_case(tiny_task, "minilm_lora", optimizer=optimizer)
     # Two layers x query and value x (A, B) at rank 8 on 384 features, plus the 2-class head.
-    assert row["trainable_elements"] == 2 * 2 * 2 * 8 * 384 + 384 * 2 + 2
-    assert row["max_abs_loss_difference"] < 1e-3
-    curve = json.loads((tmp_path / "text_task" / "loss.json").read_text())
-    assert [r["step"] for r in curve] == [1, 2]
-    exported = tmp_path / "text_task" / "exports" / "minilm_lora"
+    assert compiled.report["pruned"]["trainable_elements"] == 2 * 2 * 2 * 8 * 384 + 384 * 2 + 2
+    data = make_data(model.data, tiny_task.seed)
+    assert data["finetune_train_x"].shape == (16, 32) and data["finetune_test_x"].shape == (24, 32)
+    run = finetune(model, compiled.directory, compiled.initial, optimizer, data,
+                   model.finetune.epochs, tiny_task.seed, lora, "minilm_lora")
+    assert run.metrics["steps"] == 2 and run.metrics["epochs"] == 1
+    assert run.metrics["max_abs_loss_difference"] < 1e-3
+    assert [r["step"] for r in run.losses] == [1, 2]
+    assert [r["epoch"] for r in run.accuracy] == [0, 1]
+    # finetune reloaded the export as a user would and checked it scores what the step scored.
+    filename, state = run.export
     if export == "merged":
-        state = torch.load(exported / "weights.pt", weights_only=True)
+        assert filename == "merged.safetensors"
         assert "classifier.weight" in state and not any(".lora_" in k for k in state)
     else:
-        payload = torch.load(exported / "adapter.pt", weights_only=True)
-        assert payload["lora"]["rank"] == 8
-        assert set(payload["state"]) == (
+        assert filename == "adapters.safetensors"
+        assert set(state) == (
             {f"encoder.layer.{b}.attention.self.{p}.lora_{m}.weight" for b in (0, 1)
              for p in ("query", "value") for m in "ab"} | {"classifier.weight", "classifier.bias"})
+    # Fewer training sentences than one batch: named, not a silent empty epoch.
+    short = {**data, "finetune_train_x": data["finetune_train_x"][:4],
+             "finetune_train_y": data["finetune_train_y"][:4]}
+    with pytest.raises(ConfigError, match="4 training examples, fewer than one batch"):
+        finetune(model, compiled.directory, compiled.initial, optimizer, short, 1, 0, lora)
 
 
-def test_a_compiled_step_that_strays_from_pytorch_fails_the_stage():
-    with pytest.raises(SystemExit, match="first losses .* are not PyTorch's"):
-        stage.check_first_losses("full", [(0.70, 0.70), (0.69, 0.65)])
-    stage.check_first_losses("full", [(0.70, 0.70), (0.65, 0.65 * (1 + 1e-6))])
+def test_a_compiled_step_that_strays_from_pytorch_fails_the_run():
+    with pytest.raises(RuntimeError, match="first losses .* are not PyTorch's"):
+        check_first_losses("full", [{"compiled": 0.70, "pytorch": 0.70},
+                                    {"compiled": 0.69, "pytorch": 0.65}])
+    check_first_losses("full", [{"compiled": 0.70, "pytorch": 0.70},
+                                {"compiled": 0.65, "pytorch": 0.65 * (1 + 1e-6)}])

@@ -1,76 +1,97 @@
-"""The LLaMA-style decoder through the compiler: its gradient rules (rsqrt, strided_slice) in a
-whole training step, the paper's transformer scheme (with cheap activations recomputed), and
-channel-sparse linear layers.
+"""The LLaMA-style decoder (pipelines/models/llama.py) through the compile chain: its gradient
+rules (rsqrt, strided_slice) in a whole training step, the paper's transformer scheme (with
+cheap activations recomputed), and channel-sparse linear layers.
 
-A small decoder (2 blocks, d=32, vocab 64, batch 2 x seq 16) on random tokens; three chained
-SGD-momentum steps compiled against PyTorch's. The network is smooth (no ReLU kinks), so the
-tolerance is tight: loss within 1e-5 relative at every step; updated weights within rtol 1e-4,
-atol 1e-6. Channels outside a selection, and frozen parameters, stay bit-identical.
+The conftest's small llama_tiny (2 blocks, d=64, vocab 256, batch 2 x seq 16) on random tokens;
+three chained SGD-momentum steps compiled against PyTorch's (tests/chained_steps.py). The
+network is smooth (no ReLU kinks), so the tolerance is tight: loss within 1e-5 relative at every
+step; updated weights within rtol 1e-4, atol 1e-6. Channels outside a selection, and frozen
+parameters, stay bit-identical.
 """
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import tvm
-import yaml
+import torch
+from chained_steps import chained_steps_match, lowered
 
-from conftest import chained_steps_match
-from pipelines.config import CONF
-from pipelines.step import save_step
-from stages.optimize.passes import optimize, update_outputs
-from stages.optimize.recompute import recompute
-from stages.optimize.schedule import reorder_updates
-from stages.prune.prune import sparse_step
-from stages.prune.scheme import select
-from stages.prune.show import full_step
+from pipelines.config import SGD
+from pipelines.frontends.layers import describe_layers
+from pipelines.frontends.torch_module import load_module
+from pipelines.training.scheme import select
 
-MODEL = {"name": "llama_test", "arch": "llama", "vocab": 64, "dim": 32, "layers": 2, "heads": 2,
-         "hidden": 48, "seq_len": 16, "batch_size": 2}
-OPT = {"name": "sgd", "lr": 0.5, "momentum": 0.9}
-TRANSFORMER_PAPER = yaml.safe_load((CONF / "sparse" / "transformer_paper.yaml").read_text())
-CHANNELS = {"name": "channels", "rules": [
+OPT = SGD(kind="sgd", lr=0.5, momentum=0.9)
+CHANNELS = [
     {"name": "attention", "modules": ["layers.1.attn.*_proj"]},
     {"name": "q_half", "modules": ["layers.0.attn.q_proj"], "channels": 0.5},
     {"name": "up_some_inputs", "modules": ["layers.0.mlp.up_proj"], "channels": [1, 5, 9],
      "axis": "input"},
     {"name": "down_quarter", "modules": ["layers.1.mlp.down_proj"], "channels": 0.25},
-    {"name": "norm_quarter", "modules": ["layers.0.post_norm"], "channels": 0.25}]}
+    {"name": "norm_quarter", "modules": ["layers.0.post_norm"], "channels": 0.25}]
 
 
 @pytest.fixture(scope="module")
-def step():
-    return full_step(MODEL, OPT)
+def model(small):
+    return small.models["llama_tiny"]
 
 
-def test_transformer_paper_selects_attention_and_first_ffn_linears(step):
-    layers, _, _ = step
-    chosen = select(TRANSFORMER_PAPER, layers)
+@pytest.fixture(scope="module")
+def full_step(model, tmp_path_factory):
+    """The full training step (every parameter updated), its initial values and layers."""
+    from pipelines.compile import training_graph
+
+    main, names, origins, values, layers = lowered(model, tmp_path_factory.mktemp("llama"))
+    full, _, _ = training_graph(main, names, origins, OPT)
+    return full, values, layers
+
+
+def test_transformer_paper_selects_attention_and_first_ffn_linears(small, model):
+    torch.manual_seed(0)
+    module, _ = load_module(model)
+    chosen = select(small.schemes["transformer_paper"].rules, describe_layers(module))
     assert sorted(chosen) == sorted(
         [f"layers.{b}.attn.{p}_proj.weight" for b in (0, 1) for p in "qkvo"]
         + [f"layers.{b}.mlp.{p}_proj.weight" for b in (0, 1) for p in ("gate", "up")])
     assert not any("down_proj" in n or "norm" in n or "embed" in n for n in chosen)
 
 
-@pytest.mark.parametrize("scheme", [TRANSFORMER_PAPER, CHANNELS], ids=lambda s: s["name"])
-def test_compiled_decoder_step_matches_pytorch(tmp_path, step, scheme):
-    layers, full, signature = step
-    selection = select(scheme, layers)
-    pruned, sig, slicing = sparse_step(full, signature, selection)
-    assert all(how == "operands" for how in slicing.values()), slicing
-    assert len(slicing) == (4 if scheme is CHANNELS else 0)
-    sig = dict(sig, scheme=scheme["name"])
-    # The paper scheme's step recomputes its cheap activations (norms, rotary, SwiGLU's silu).
-    recomputing = scheme is TRANSFORMER_PAPER
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["transformer_paper", "channels"])
+def test_compiled_decoder_step_matches_pytorch(tmp_path, small, model, full_step, host_profile,
+                                               scheme):
+    from pipelines.analysis.liveness import saved_for_backward, update_owners
+    from pipelines.compile import build, optimize, sparse_update
+    from pipelines.ir import signature_of
+    from pipelines.transform import RecomputeActivations, ReorderUpdates
+
+    full, values, layers = full_step
+    rules = CHANNELS if scheme == "channels" else small.schemes[scheme].rules
+    selection = select(rules, layers)
+    pruned = sparse_update(full, selection, scheme)
+    channels = signature_of(pruned)["channels"]
+    # Every channel-sparse gradient is computed from sliced operands, never sliced afterwards.
+    assert all(c["gradient"] == "operands" for c in channels.values()), channels
+    assert len(channels) == (4 if scheme == "channels" else 0)
+    # The paper scheme's step recomputes its cheap activations (norms, rotary, SwiGLU's silu):
+    # it keeps fewer bytes from the forward pass for the backward pass.
+    recomputing = scheme == "transformer_paper"
     if recomputing:
-        _, dropped = recompute(reorder_updates(pruned, update_outputs(sig)), update_outputs(sig))
-        assert dropped > 0
-    optimized = optimize(pruned, sig, reorder=True, recomputed=recomputing)
+        reordered = ReorderUpdates()(pruned)
+        owners = update_owners(signature_of(pruned))
+        assert saved_for_backward(RecomputeActivations()(reordered)["train_step"], owners) < (
+            saved_for_backward(reordered["train_step"], owners))
+    optimized = optimize(pruned, reorder_updates=True, recompute=recomputing)
     # RMS norm's squares and their gradients (2 * x ** 1) are products, not powf calls.
     assert "T.pow(" not in optimized.script()
-    save_step(optimized, sig, tvm.target.Target({"kind": "llvm"}), tmp_path)
+    build(optimized, host_profile, tmp_path)
+    compiled = SimpleNamespace(directory=tmp_path, signature=signature_of(optimized),
+                               initial=values)
 
     rng = np.random.default_rng(0)
-    batches = [(rng.integers(0, 64, (2, 16)), rng.integers(0, 64, 32)) for _ in range(3)]
-    before, after = chained_steps_match(tmp_path, MODEL, OPT, selection, sig, batches)
+    vocab, (batch, seq) = model.kwargs["vocab"], (model.batch_size, model.kwargs["seq_len"])
+    batches = [(rng.integers(0, vocab, (batch, seq)), rng.integers(0, vocab, batch * seq))
+               for _ in range(3)]
+    before, after = chained_steps_match(compiled, model, OPT, batches)
     for name, selected in selection.items():
         if selected:
             axis, index = selected["axis"], selected["index"]

@@ -49,7 +49,11 @@ def _targets(names: dict, lora) -> dict[str, str]:
                if kind == "parameter" and source.endswith(".weight")}
     targets = {}
     for pattern in lora.modules:
-        matched = [m for m in modules if module_matcher(pattern)(m)]
+        try:
+            match = module_matcher(pattern)
+        except ValueError as err:  # an invalid "re:" pattern
+            raise ConfigError(f"{SOURCE}: {err}") from None
+        matched = [m for m in modules if match(m)]
         if not matched:
             shown = ", ".join(list(modules)[:12]) + (", ..." if len(modules) > 12 else "")
             raise ConfigError(f"{SOURCE}: {pattern!r} matches no module with a weight; the "
@@ -95,6 +99,10 @@ def add_adapters(main: relax.Function, names: dict, num_params: int, lora, seed:
     count = int(main.attrs["num_input"])
     params = {p.name: p for p in main.params}
     targets = _targets(names, lora)
+    not_linear = [m for w, m in targets.items() if len(shape_of(params[w])) != 2]
+    if not_linear:  # e.g. a norm's scale: a weight, but not a projection's
+        raise ConfigError(f"{SOURCE}: {not_linear[:4]} are not used as a linear projection's "
+                          "weight (matmul(x, W^T)) in the model's graph; LoRA adapts linear layers")
     rng = np.random.default_rng(seed)
     taken = set(params)
     adapters, new_names, values, new_params = {}, {}, {}, []

@@ -3,7 +3,7 @@ kernels): conv 3->8, ReLU, 2x2 max pool, conv 8->16, ReLU, global mean, dense 16
 ``build`` loads tests/frontends/cnn_jax.py's weights into it, transposed to Keras's layouts."""
 import numpy as np
 
-from stages.importer.from_keras import load_keras
+from pipelines.frontends.keras import load_keras
 from tests.frontends.cnn_jax import IMAGE, init
 
 
