@@ -81,7 +81,7 @@ class LoRA(Strict):
 
 
 class Search(Strict):
-    """Search a scheme under a memory budget (pipelines/training/search.py)."""
+    """Search a scheme under a memory budget (pipelines/evaluate/search.py)."""
 
     budget_mb: PositiveFloat
     base: list[Rule]

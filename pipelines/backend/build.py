@@ -54,7 +54,7 @@ def check_toolchain(profile: dict) -> None:
 
 def build_step(mod: tvm.IRModule, profile: dict, directory: Path, database=None) -> dict:
     """Compile ``mod`` for ``profile`` into ``directory``; returns what the manifest records.
-    A CPU kernel with a record in ``database`` (a tuning database, pipelines/tuning.py) takes
+    A CPU kernel with a record in ``database`` (a tuning database, pipelines/backend/tuning.py) takes
     its tuned schedule, the others the default one."""
     check_toolchain(profile)
     target = tvm_target(profile)

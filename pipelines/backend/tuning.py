@@ -2,12 +2,12 @@
 
 A tuning database holds, per kernel (a PrimFunc, matched structurally), the best schedule found
 for it on one device. The build applies it before the default schedules
-(pipelines/schedules.py): a kernel with a record takes its tuned schedule, the others the
+(pipelines/backend/cpu_schedules.py): a kernel with a record takes its tuned schedule, the others the
 default one. Two databases feed a device's build:
 
 - ``device_profiles/tuned/<device>/``: committed, pre-tuned for the reference workloads (what
   TVM's TopHub was), so a new user and CI get tuned code without tuning;
-- the tune stage's own (``artifacts/tune/<device>/``): the committed records this step's kernels
+- the tune stage's own (``artifacts/cases/<case>/<device>/tune/``): the committed records this step's kernels
   match, improved by ``tune.trials`` more trials of MetaSchedule when the profile asks for them.
 
 Why candidates are built in this process: TVM's ``LocalBuilder`` starts a new pool of worker

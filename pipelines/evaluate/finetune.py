@@ -52,8 +52,9 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     test_x, test_y = split(data, "finetune_test")
     batch = model.batch_size
     if len(x) < batch:
-        raise ConfigError(f"models.{model}: {len(x)} training examples, fewer than one batch "
-                          f"({batch})")
+        raise ConfigError(f"params.yaml: models.<model>.batch_size={batch}: the fine-tuning split "
+                          f"has {len(x)} training examples, fewer than one batch; lower it, or "
+                          "give the data more examples")
     start = accuracy(reference, [test_x], test_y)
     curve = [{"epoch": 0, "compiled": start, "pytorch": start}]
     losses = []

@@ -1,7 +1,7 @@
 """A runnable Docker image that fine-tunes a case's model on a device (package@<case>-<device>).
 
 The image is the runtime (minimal Debian for the device's architecture, TVM and numpy:
-pipelines/images.py) plus an application layer, /app:
+pipelines/runtime/images.py) plus an application layer, /app:
 - step.so and signature.json: the device's build of the compiled, sparse training step;
 - state.npz: the weights it starts from (the pre-trained model) and the optimizer state (zero);
 - package.json: model, scheme, device, batch size and the shapes the step takes;

@@ -18,7 +18,7 @@ from pipelines.config import ConfigError
 from pipelines.profiles import PROFILES, cpu_architecture
 
 # target mtriple's architecture -> (Debian architecture, pip platform tags of its wheels).
-# Emulation needs a foreign one (aarch64); pipelines/images.py uses both.
+# Emulation needs a foreign one (aarch64); pipelines/runtime/images.py uses both.
 ARCHITECTURES = {"aarch64": ("arm64", ["manylinux_2_28_aarch64", "manylinux2014_aarch64"]),
                  "x86_64": ("amd64", ["manylinux_2_28_x86_64", "manylinux2014_x86_64",
                                       "manylinux_2_17_x86_64"])}

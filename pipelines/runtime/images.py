@@ -266,7 +266,7 @@ def run_limited(client, image: str, command: list[str], profile: dict, mounts: d
         nano_cpus=cores * 10**9, cpuset_cpus=f"0-{cores - 1}",
         mem_limit=f"{memory}m", memswap_limit=f"{memory}m",  # equal: no swap
         # OpenBLAS on one thread: the step splits its products over TVM's pool, and the
-        # threads OpenBLAS otherwise starts when it loads slow the step (pipelines/schedules.py).
+        # threads OpenBLAS otherwise starts when it loads slow the step (pipelines/backend/cpu_schedules.py).
         environment={"TVM_NUM_THREADS": str(cores), "OMP_NUM_THREADS": str(cores),
                      "OPENBLAS_NUM_THREADS": "1"},
         volumes={str(host): {"bind": inside, "mode": mode}

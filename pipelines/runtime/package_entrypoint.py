@@ -26,7 +26,7 @@ import numpy as np
 
 # One TVM thread per CPU this container may use (TVM would count the host's CPUs).
 os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as pipelines/schedules.py says why
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as pipelines/backend/cpu_schedules.py says why
 import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
