@@ -1,0 +1,193 @@
+"""Each pass of pipelines/transform/ on a small step, for what its docstring's Before/After says:
+the structural change, the signature it leaves, and (run on TVM's VM, unfused) the same values
+as the step before it, within float32 rounding (rtol 1e-5, atol 1e-6) or exactly where the
+pass only drops work.
+
+The model is a small MLP with a LayerNorm and a GELU (elementwise and norm activations a
+backward pass reads, so recomputation has something to recompute). The fused loss and the gemm
+isolation are checked against PyTorch in tests/test_loss.py and tests/test_backends.py.
+"""
+import numpy as np
+import pytest
+import torch
+import tvm
+from pydantic import TypeAdapter
+from tvm import relax
+
+from pipelines.analysis.cost import count_ops
+from pipelines.analysis.liveness import classify, saved_for_backward, update_owners
+from pipelines.compile import training_graph
+from pipelines.config import Optimizer
+from pipelines.frontends.torch_program import translate
+from pipelines.ir import signature_of
+from pipelines.transform import (FlattenTakeIndices, PlainPowers, PruneFrozenUpdates,
+                                 RecomputeActivations, ReorderUpdates, SliceChannelUpdates)
+
+SGD = TypeAdapter(Optimizer).validate_python({"kind": "sgd", "lr": 0.1, "momentum": 0.9})
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(12, 32)
+        self.norm = torch.nn.LayerNorm(32)
+        self.fc2 = torch.nn.Linear(32, 5)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.norm(self.fc1(x))))
+
+
+@pytest.fixture(scope="module")
+def full():
+    """The full step: every parameter updated."""
+    torch.manual_seed(0)
+    lowered = translate(torch.export.export(MLP(), (torch.zeros(8, 12),)))
+    return training_graph(*lowered, SGD)[0]
+
+
+@pytest.fixture(scope="module")
+def every(full):
+    """The full step as the sparse phase leaves it for full BP (its signature lists what is
+    trainable, which the optimize passes read)."""
+    return PruneFrozenUpdates(set(signature_of(full)["source_names"]))(full)
+
+
+def run(mod: tvm.IRModule, func: str = "train_step", args=None):
+    """``func`` of ``mod`` on TVM's VM (legalized, unfused), on seeded arguments of its
+    parameters' shapes; the outputs by position."""
+    params = mod[func].params
+    if args is None:
+        rng = np.random.default_rng(0)
+        args = []
+        for p in params:
+            shape, dtype = [int(d) for d in p.ty.shape], str(p.ty.dtype)
+            args.append(rng.integers(0, 5, shape).astype(dtype) if "int" in dtype
+                        else (rng.standard_normal(shape) * 0.3).astype(dtype))
+    # Normalize first, as the optimize phase's later passes do (pipelines/compile.py)
+    legal = tvm.transform.Sequential([relax.transform.Normalize(), relax.transform.LegalizeOps()])(
+        tvm.IRModule({func: mod[func]}))
+    vm = relax.VirtualMachine(relax.build(legal, target="llvm"), tvm.cpu())
+    out = vm[func](*[tvm.runtime.tensor(a) for a in args])
+    outs = list(out) if not hasattr(out, "numpy") else [out]
+    return args, [o.numpy() for o in outs]
+
+
+def outputs_by_name(mod, values):
+    return dict(zip(signature_of(mod)["outputs"], values))
+
+
+def test_prune_frozen_updates_drops_frozen_outputs_and_their_backward(full):
+    sig = signature_of(full)
+    keep = {n for n, s in sig["source_names"].items() if s.startswith("fc2.")}
+    pruned = PruneFrozenUpdates(keep)(full)
+    new = signature_of(pruned)
+    assert set(new["trainable"]) == keep
+    assert len(new["outputs"]) == 1 + 2 * len(keep)  # loss, new weights, new momenta
+    assert not any(n.startswith("m_") and "fc1" in n for n in new["inputs"])
+    # the backward through fc1 and the norm is dead: fewer matmuls, no norm gradient
+    assert count_ops(pruned["train_step"]).get("relax.matmul", 0) < count_ops(
+        full["train_step"]).get("relax.matmul", 0)
+    # same loss and same kept updates, bit for bit (the pass only drops work)
+    args, want = run(full)
+    kept = [i for i, name in enumerate(sig["inputs"]) if name in new["inputs"]]
+    _, got = run(pruned, args=[args[i] for i in kept])
+    want, got = outputs_by_name(full, want), outputs_by_name(pruned, got)
+    for name, value in got.items():
+        np.testing.assert_array_equal(value, want[name], err_msg=name)
+
+
+def test_slice_channel_updates_computes_only_the_selected_slice(full):
+    sig = signature_of(full)
+    w2 = next(n for n, s in sig["source_names"].items() if s == "fc2.weight")
+    step = PruneFrozenUpdates({w2})(full)
+    sliced = SliceChannelUpdates({w2: {"axis": 0, "index": [0, 3]}})(step)
+    channels = signature_of(sliced)["channels"]
+    assert channels[w2]["gradient"] == "operands" and channels[w2]["index"] == [0, 3]
+    args, want = run(step)
+    # the sliced step takes the selected rows' momentum only
+    by_name = dict(zip(signature_of(step)["inputs"], args))
+    sliced_args = [by_name[p.name] if [int(d) for d in p.ty.shape] == list(
+        by_name[p.name].shape) else by_name[p.name][[0, 3]]
+                   for p in sliced["train_step"].params]
+    _, got = run(sliced, args=sliced_args)
+    want, got = outputs_by_name(step, want), outputs_by_name(sliced, got)
+    np.testing.assert_allclose(got[sig["outputs"][0]], want[sig["outputs"][0]], rtol=1e-6)
+    new_w2 = next(n for n in got if n != sig["outputs"][0] and "m_" not in n)
+    selected = got[new_w2] if got[new_w2].shape[0] == 2 else got[new_w2][[0, 3]]
+    np.testing.assert_allclose(selected, want[new_w2][[0, 3]], rtol=1e-5, atol=1e-6)
+    if got[new_w2].shape[0] != 2:  # a whole tensor: the other rows keep their values
+        w2_value = args[sig["inputs"].index(w2)]
+        np.testing.assert_array_equal(got[new_w2][[1, 2, 4]], w2_value[[1, 2, 4]])
+
+
+def mean_update_position(mod) -> float:
+    """Where the updates sit in the step, on average (0: first binding, 1: last)."""
+    func = mod["train_step"]
+    kinds = classify(func, update_owners(signature_of(mod)))
+    bindings = func.body.blocks[0].bindings
+    found = [i for i, b in enumerate(bindings) if kinds[b.var] == "update"]
+    return sum(found) / len(found) / len(bindings)
+
+
+def test_reorder_updates_moves_updates_up_with_the_same_values(every):
+    full = every
+    reordered = ReorderUpdates()(full)
+    assert mean_update_position(reordered) < mean_update_position(full) - 0.05
+    assert signature_of(reordered) == signature_of(full)
+    args, want = run(full)
+    _, got = run(reordered, args=args)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_recompute_activations_keeps_less_with_the_same_values(every):
+    full = every
+    recomputed = RecomputeActivations()(full)
+    owners = update_owners(signature_of(full))
+    assert saved_for_backward(recomputed["train_step"], owners) < saved_for_backward(
+        full["train_step"], owners)
+    args, want = run(full)
+    _, got = run(recomputed, args=args)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_plain_powers_become_multiplies():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4, 6], "float32"))
+    dy = relax.Var("dy", relax.TensorType([4, 6], "float32"))
+    with bb.function("main", [x, dy]):
+        with bb.dataflow():
+            sq = bb.emit(relax.op.power(x, relax.const(2.0, "float32")))
+            g = bb.emit(relax.op.multiply(dy, relax.op.power(x, relax.const(1.0, "float32"))))
+            out = bb.emit_output(relax.Tuple([sq, g]))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after = PlainPowers()(before)
+    assert "relax.power" in count_ops(before["main"])
+    assert "relax.power" not in count_ops(after["main"])
+    args, want = run(before, "main")
+    _, got = run(after, "main", args)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_flatten_take_indices_looks_up_by_1d_indices():
+    bb = relax.BlockBuilder()
+    tokens = relax.Var("tokens", relax.TensorType([2, 8], "int64"))
+    w = relax.Var("w", relax.TensorType([64, 32], "float32"))
+    with bb.function("main", [tokens, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.take(w, tokens, axis=0))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after = FlattenTakeIndices()(before)
+    takes = [b.value for b in after["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.take"]
+    assert len(takes) == 1 and len(takes[0].args[1].ty.shape) == 1
+    rng = np.random.default_rng(1)
+    args = [rng.integers(0, 64, (2, 8)).astype("int64"),
+            rng.standard_normal((64, 32)).astype("float32")]
+    _, want = run(before, "main", args)
+    _, got = run(after, "main", args)
+    np.testing.assert_array_equal(got[0], want[0])
