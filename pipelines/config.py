@@ -200,9 +200,16 @@ class Model(Strict):
 
     @model_validator(mode="after")
     def _entry(self):
-        if self.frontend in ("torch", "jax") and not self.entry:
+        # torch.export.save's files (frontends/torch_module.py): the program is the model
+        program = self.frontend == "torch" and Path(self.source).suffix == ".pt2"
+        if program and (self.entry or self.kwargs or self.pretrain):
+            given = [k for k in ("entry", "kwargs", "pretrain") if getattr(self, k)]
+            raise ValueError(f"source {self.source!r} is a saved torch.export program: it takes "
+                             f"no {' or '.join(given)} (entry and kwargs build a model from a "
+                             "Python file; pretrain scores in eval mode, which a program lacks)")
+        if self.frontend in ("torch", "jax") and not self.entry and not program:
             raise ValueError(f"frontend {self.frontend} needs entry: the function in source "
-                             "that builds the model")
+                             "that builds the model (or, for torch, a .pt2 program as source)")
         return self
 
 

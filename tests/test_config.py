@@ -27,6 +27,8 @@ def test_committed_params_yaml_is_composed_from_conf():
 @pytest.mark.parametrize("overrides", [
     [], ["experiment=ci_lane"], ["experiment=paper_tables"],
     ["experiment=model", "model@models.model=onnx"],
+    ["experiment=model", "model@models.model=pt2", "models.model.source=net.pt2"],
+    ["experiment=model", "model@models.model=torch", "models.model.source=net.py"],
     ["experiment=model", "model@models.model=jax"],
     ["experiment=model", "model@models.model=keras"]], ids=" ".join)
 def test_every_experiment_composes_and_validates(overrides):

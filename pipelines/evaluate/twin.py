@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from pipelines.config import ConfigError
-from pipelines.frontends.torch_module import load_module
+from pipelines.frontends.torch_module import is_program, load_module
 from pipelines.models.lora import add_adapters, adapted_modules
 
 
@@ -20,6 +20,10 @@ def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],
     module, _ = load_module(model)
     names = signature["source_names"]
     lora = signature.get("lora")
+    if lora and adapters and is_program(model):
+        # the program's graph reads its weights directly: a module put beside one is never run
+        raise ConfigError(f"{model.source}: a saved torch.export program has no PyTorch twin "
+                          "with LoRA adapters; use a scheme without lora, or a model file")
     if lora and adapters:
         add_adapters(module, adapted_modules(names.values()), lora["rank"], lora["scale"])
     state = {names[r]: torch.from_numpy(np.array(v)) for r, v in initial.items() if r in names}

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from pipelines.frontends.layers import describe_layers, describe_onnx
+from pipelines.frontends.layers import describe_layers, describe_onnx, describe_program
+from pipelines.frontends.torch_module import is_program
 from pipelines.frontends.weights import FILE as WEIGHTS, load_weights
 from pipelines.io import ROOT, write_json_atomic
 
@@ -28,6 +29,14 @@ def import_model(model, weights: Path, out: Path) -> str:
     """The model (a pipelines/config.py Model) imported into ``out``, starting from the weights
     in ``weights`` (the weights stage's directory; torch models); a one-line summary."""
     source = ROOT / model.source
+    if model.frontend == "torch" and is_program(model):
+        from pipelines.frontends.torch_module import check_batch, load_program, with_weights
+
+        program = with_weights(load_program(source), load_weights(weights / WEIGHTS), source)
+        check_batch(program, model, source)
+        torch.export.save(program, out / "model.pt2")
+        write_json_atomic(out / "layers.json", describe_program(program, model.blocks))
+        return f"loaded {source.name}: {len(program.graph.nodes)} graph nodes"
     if model.frontend == "torch":
         from pipelines.frontends.torch_module import export, load_module
 

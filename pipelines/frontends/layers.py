@@ -25,6 +25,56 @@ def layer_kind(module: torch.nn.Module) -> str:
     return "other"
 
 
+def class_kind(class_name: str, shape: list[int], groups: int = 1) -> str:
+    """The layer kind of a parameter of a module known only by its class name (a saved
+    program's nn_module_stack): ``layer_kind``'s reading, with the weight's ``shape`` and the
+    convolution's ``groups``."""
+    if class_name in ("Conv2d", "Conv1d", "Conv3d"):
+        if groups > 1 and len(shape) > 1 and shape[1] == 1 and groups == shape[0]:
+            return "conv_depthwise"
+        if groups == 1 and shape[2:] == [1, 1]:
+            return "conv_pointwise"
+        return "conv"
+    if class_name == "Linear":
+        return "linear"
+    if class_name.endswith("Norm") or class_name.startswith(("BatchNorm", "LayerNorm",
+                                                             "GroupNorm", "RMSNorm")):
+        return "norm"
+    if class_name == "Embedding":
+        return "embedding"
+    return "other"
+
+
+def describe_program(program, patterns: list[str] = ()) -> dict:
+    """layers.json for a saved torch.export program: its parameters under the program's names,
+    each one's kind from the class of the module that used it (the graph's nn_module_stack;
+    the module objects themselves are not saved)."""
+    from torch.export.graph_signature import InputKind
+
+    nodes = {node.name: node for node in program.graph.nodes}
+    state = program.state_dict
+    specs = [s for s in program.graph_signature.input_specs if s.kind is InputKind.PARAMETER]
+    classes, groups = {}, {}  # module path -> class name, convolution groups
+    for spec in specs:
+        module = spec.target.rsplit(".", 1)[0] if "." in spec.target else ""
+        for user in nodes[spec.arg.name].users:
+            for path, kind in (user.meta.get("nn_module_stack") or {}).values():
+                if path == module:
+                    classes[module] = str(kind).rsplit(".", 1)[-1]
+            if user.target is torch.ops.aten.conv2d.default and len(user.args) > 6:
+                groups[module] = int(user.args[6])
+            elif user.target is torch.ops.aten.convolution.default:
+                groups[module] = int(user.args[8])
+    params = []
+    for spec in specs:
+        module = spec.target.rsplit(".", 1)[0] if "." in spec.target else ""
+        # a layer's kind is read from its weight (a bias's shape says nothing of the kernel)
+        weight = state.get(f"{module}.weight" if module else "weight", state[spec.target])
+        kind = class_kind(classes.get(module, ""), list(weight.shape), groups.get(module, 1))
+        params.append((spec.target, kind, list(state[spec.target].shape)))
+    return describe_parameters(params, patterns)
+
+
 def describe_layers(model: torch.nn.Module, patterns: list[str] = ()) -> dict:
     """Per parameter: module path, layer kind, role (weight/bias), block index, shape. The
     blocks are the model's own ``blocks()`` if it has that method, else the module paths

@@ -9,17 +9,29 @@ inputs, a dict by the names ``forward`` takes:
 The reference models are such files (pipelines/models/). The module is exported with
 torch.export in training mode (batch norm uses batch statistics) and lowered by
 torch_program.py; its parameters keep their state-dict names.
+
+Or ``source`` is a saved torch.export program (a ``.pt2`` file, no ``entry``): it is lowered as
+it is, its parameters keep the program's own names, and PyTorch's side (the twin, the starting
+weights) runs the program's graph as a module.
 """
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import types
 from pathlib import Path
 
 import torch
 
 from pipelines.config import ConfigError
 from pipelines.io import ROOT
+
+PROGRAM = ".pt2"  # torch.export.save's files
+
+
+def is_program(model) -> bool:
+    """Whether a torch model's ``source`` is a saved torch.export program."""
+    return Path(model.source).suffix == PROGRAM
 
 
 def load_file(path: Path, what: str):
@@ -34,8 +46,11 @@ def load_file(path: Path, what: str):
 
 def load_module(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """(module, example inputs) from a Model config of frontend torch, freshly initialised
-    (the caller seeds torch)."""
+    (the caller seeds torch); a saved program holds its own weights."""
     path = ROOT / model.source
+    if is_program(model):
+        program = load_program(path)
+        return program_module(program), example_inputs(program, path)
     entry = getattr(load_file(path, "models.<name>.source"), model.entry, None)
     if not callable(entry):
         raise ConfigError(f"{path}: no function {model.entry!r} (models.<name>.entry)")
@@ -62,3 +77,70 @@ def export(module: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     order = list(inspect.signature(module.forward).parameters)
     ordered = {name: inputs[name] for name in order if name in inputs}
     return torch.export.export(module.train(), (), kwargs=ordered)
+
+
+def load_program(path: Path) -> torch.export.ExportedProgram:
+    """The torch.export program saved in ``path`` (a models.<name>.source)."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file (models.<name>.source)")
+    try:
+        return torch.export.load(path)
+    except Exception as err:  # a zip of something else, or from an incompatible torch
+        raise ConfigError(f"{path}: not a program torch.export.save wrote "
+                          f"(models.<name>.source): {type(err).__name__}: {err}") from err
+
+
+def example_inputs(program: torch.export.ExportedProgram, path: Path) -> dict[str, torch.Tensor]:
+    """The program's example inputs by its input names (positional ones first, as it was
+    called)."""
+    args, kwargs = program.example_inputs or ((), {})
+    values = list(args) + list(kwargs.values())
+    names = list(program.graph_signature.user_inputs)
+    if len(values) != len(names) or not all(isinstance(v, torch.Tensor) for v in values):
+        raise ConfigError(f"{path}: the program's inputs {names} must be tensors, one each "
+                          "(models.<name>.source)")
+    return dict(zip(names, values))
+
+
+def program_module(program: torch.export.ExportedProgram) -> torch.nn.Module:
+    """The program's graph as a module PyTorch trains (the twin, the starting weights), under
+    the program's parameter names. Its mode is the one it was exported in: ``train()`` keeps it,
+    ``eval()`` is refused (torch.export bakes batch norm's and dropout's mode into the graph)."""
+    module = program.module(check_guards=False)
+
+    def train(self, mode: bool = True):
+        if not mode:
+            raise ConfigError("a saved torch.export program (.pt2) runs in the mode it was "
+                              "exported in; it has no eval mode")
+        return self
+
+    module.train = types.MethodType(train, module)
+    module.eval = types.MethodType(lambda self: train(self, False), module)
+    return module
+
+
+def with_weights(program: torch.export.ExportedProgram, weights: dict[str, torch.Tensor],
+                 path: Path) -> torch.export.ExportedProgram:
+    """``program`` holding ``weights`` (a state dict under its own names, e.g. the weights
+    stage's) instead of the values it was saved with."""
+    state = program.state_dict
+    if set(weights) != set(state):
+        raise ConfigError(f"{path}: the weights are not the program's: missing "
+                          f"{sorted(set(state) - set(weights))[:5]}, unknown "
+                          f"{sorted(set(weights) - set(state))[:5]}")
+    for name, value in weights.items():
+        if value.shape != state[name].shape or value.dtype != state[name].dtype:
+            raise ConfigError(f"{path}: weight {name} is {value.dtype}{list(value.shape)}; "
+                              f"the program's is {state[name].dtype}{list(state[name].shape)}")
+        kept = value.detach().clone()
+        state[name] = torch.nn.Parameter(kept) if isinstance(state[name],
+                                                             torch.nn.Parameter) else kept
+    return program
+
+
+def check_batch(program: torch.export.ExportedProgram, model, path: Path) -> None:
+    """The program's inputs have the batch size the config says (its shapes are static)."""
+    for name, value in example_inputs(program, path).items():
+        if value.dim() and value.shape[0] != model.batch_size:
+            raise ConfigError(f"{path}: input {name} has batch {value.shape[0]}; "
+                              f"models.<name>.batch_size={model.batch_size} must match it")

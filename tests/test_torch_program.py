@@ -1,0 +1,130 @@
+"""A saved torch.export program (.pt2) as a torch model's source (frontend torch, no entry;
+pipelines/frontends/torch_module.py): compiled through the one chain (pipelines/compile.py), it
+steps like PyTorch running the same program, and that program steps like the module it was
+exported from.
+
+The model: conv, batch norm (training mode: running statistics are buffers the step updates),
+ReLU, a second conv, mean, linear; batch 4. Three chained SGD-momentum steps, full BP and a
+sparse scheme (the head, norm shifts and half of a conv's output channels, by the program's own
+parameter names). Tolerance: loss within 1e-4 relative at every step, every tensor of the state
+within rtol 1e-4 / atol 1e-6, frozen parameters bit-identical (conftest.assert_steps_match).
+"""
+import numpy as np
+import pytest
+import torch
+from conftest import assert_steps_match
+
+from pipelines.compile import compile
+from pipelines.config import SGD, ConfigError, Model
+from pipelines.frontends.layers import describe_layers, describe_program
+from pipelines.frontends.torch_module import load_module, load_program
+from pipelines.models.torch_twin import make_optimizer, seed_everything, train_step
+
+OPT = SGD(kind="sgd", lr=0.05, momentum=0.9)
+BATCH = 4
+FULL = [{"modules": ["*"]}]
+SPARSE = [{"modules": ["head"]}, {"kinds": ["norm"], "update": "bias"},
+          {"modules": ["conv2"], "channels": 0.5, "update": "weight"}]
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 12, 1)
+        self.head = torch.nn.Linear(12, 5)
+
+    def forward(self, x):
+        x = torch.relu(self.norm(self.conv1(x)))
+        return self.head(self.conv2(x).mean((2, 3)))
+
+
+def saved_program(directory) -> tuple[Net, Model]:
+    """A seeded Net exported in training mode and saved as a .pt2, with its model config."""
+    seed_everything(0)
+    net = Net().train()
+    program = torch.export.export(net, (torch.zeros(BATCH, 3, 8, 8),))
+    path = directory / "net.pt2"
+    torch.export.save(program, path)
+    return net, Model(frontend="torch", source=str(path), batch_size=BATCH)
+
+
+def batches(count=3):
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((BATCH, 3, 8, 8)).astype("float32"),
+             rng.integers(0, 5, BATCH).astype("int64")) for _ in range(count)]
+
+
+def test_program_layers_keep_its_names_and_kinds(tmp_path):
+    net, model = saved_program(tmp_path)
+    layers = describe_program(load_program(tmp_path / "net.pt2"))
+    # The module objects are not saved; the kinds come from the graph's module stack.
+    assert layers == describe_layers(net)
+    assert [p["kind"] for p in layers["parameters"]] == [
+        "conv", "conv", "norm", "norm", "conv_pointwise", "conv_pointwise", "linear", "linear"]
+
+
+def test_program_module_trains_like_the_exported_module(tmp_path):
+    net, model = saved_program(tmp_path)
+    module, inputs = load_module(model)
+    assert list(inputs) == ["x"] and inputs["x"].shape == (BATCH, 3, 8, 8)
+    assert module.state_dict().keys() == net.state_dict().keys()
+    assert module.train() is module
+    with pytest.raises(ConfigError, match="no eval mode"):
+        module.eval()
+    a, b = make_optimizer(net, OPT), make_optimizer(module, OPT)
+    for x, y in batches():
+        assert train_step(module, b, x, y) == pytest.approx(train_step(net, a, x, y), rel=1e-6)
+    for name, value in net.state_dict().items():
+        torch.testing.assert_close(module.state_dict()[name], value, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rules", [FULL, SPARSE], ids=["full", "sparse"])
+def test_compiled_program_steps_like_pytorch(tmp_path, host_profile, rules):
+    net, model = saved_program(tmp_path)
+    compiled = compile(model, rules, OPT, host_profile, tmp_path / "build", scheme_name="test")
+    # Parameters and buffers keep the program's own names.
+    assert sorted(compiled.signature["source_names"].values()) == sorted(
+        k for k in net.state_dict() if not k.endswith("num_batches_tracked"))
+    trainable = {compiled.signature["source_names"][p] for p in compiled.signature["trainable"]}
+    if rules is SPARSE:
+        assert trainable == {"head.weight", "head.bias", "norm.bias", "conv2.weight"}
+        assert len(compiled.signature["channels"]) == 1
+    before, after = assert_steps_match(compiled, model, OPT, batches(), rtol=1e-4)
+    assert not torch.equal(before["head.weight"], after["head.weight"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+models.model.entry=build", "saved torch.export program: it takes no entry"),
+    ("+models.model.kwargs={width:2}", "it takes no kwargs"),
+])
+def test_program_with_an_entry_is_refused_naming_the_key(override, message):
+    from conftest import compose_params
+
+    with pytest.raises(ConfigError, match=message) as err:
+        compose_params("experiment=model", "model@models.model=pt2",
+                       "models.model.source=net.pt2", override)
+    assert "models.model (from conf/model/model.yaml)" in str(err.value)
+
+
+def test_missing_or_bad_program_file_is_named(tmp_path):
+    missing = Model(frontend="torch", source=str(tmp_path / "gone.pt2"), batch_size=BATCH)
+    with pytest.raises(ConfigError, match=r"gone.pt2: no such file \(models.<name>.source\)"):
+        load_module(missing)
+    (tmp_path / "bad.pt2").write_bytes(b"not a zip")
+    with pytest.raises(ConfigError, match=r"bad.pt2: not a program torch.export.save wrote"):
+        load_module(missing.model_copy(update={"source": str(tmp_path / "bad.pt2")}))
+
+
+def test_program_batch_must_match_the_config(tmp_path):
+    from pipelines.frontends import import_model
+    from pipelines.frontends.weights import FILE, initial_weights, save_weights
+
+    _, model = saved_program(tmp_path)
+    wrong = model.model_copy(update={"batch_size": 8})
+    (tmp_path / "w").mkdir(), (tmp_path / "out").mkdir()
+    save_weights(initial_weights(wrong, None, 0)[0], tmp_path / "w" / FILE)
+    with pytest.raises(ConfigError, match=r"input x has batch 4; models.<name>.batch_size=8"):
+        import_model(wrong, tmp_path / "w", tmp_path / "out")
