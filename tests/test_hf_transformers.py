@@ -91,3 +91,38 @@ def test_transformers_model_steps_like_pytorch(tmp_path, host_profile, family, s
     before, after = assert_steps_match(compiled, model, OPT, batches(model), rtol=1e-4)
     changed = [n for n in trainable if not torch.equal(before[n], after[n])]
     assert changed, "the step updated nothing"
+
+
+def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):
+    """A model file whose entry loads a local from_pretrained directory (config.json and
+    safetensors, as users keep downloaded models): the weights stage starts from those
+    weights, not from a seeded initialisation."""
+    import transformers
+
+    from pipelines.frontends.weights import initial_weights
+
+    torch.manual_seed(1)
+    saved = transformers.LlamaForSequenceClassification(
+        transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, pad_token_id=0, num_labels=3))
+    saved.save_pretrained(tmp_path / "llama")
+    source = tmp_path / "my_llama.py"
+    source.write_text(
+        "import torch, transformers\n"
+        "class Logits(torch.nn.Module):\n"
+        "    def __init__(self, model):\n"
+        "        super().__init__()\n"
+        "        self.model = model\n"
+        "    def forward(self, input_ids):\n"
+        "        return self.model(input_ids=input_ids, use_cache=False).logits\n"
+        "def build(batch_size):\n"
+        f"    model = transformers.LlamaForSequenceClassification.from_pretrained("
+        f"{str(tmp_path / 'llama')!r})\n"
+        "    return Logits(model), {'input_ids': torch.ones(batch_size, 8, dtype=torch.int64)}\n")
+    model = Model(frontend="torch", source=str(source), entry="build", batch_size=2)
+    weights, _ = initial_weights(model, None, seed=0)
+    want = {f"model.{k}": v for k, v in saved.state_dict().items()}
+    assert weights.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(weights[name], value), name

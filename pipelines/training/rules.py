@@ -1,9 +1,13 @@
 """Gradient rules that TVM 0.27's Relax lacks and the reference models need (MobileNetV2:
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
-embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU).
+embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU; Hugging
+Face transformers: index_tensor (a classifier reading each sequence's last token), max/min and
+tril (attention masks)).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
-Rules are registered once, on import; a rule TVM later ships itself is left in place.
+Rules are registered once, on import; a rule TVM later ships itself is left in place. Then every
+rule, TVM's included, is wrapped so that gradients pass between float values only: integer and
+boolean values (positions, masks, shapes) are left out of the gradient.
 """
 from __future__ import annotations
 
@@ -13,9 +17,9 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.op import (add, astype, broadcast_to, collapse_sum_to, divide, equal, erf, exp,
-                          expand_dims, greater, less, logical_and, tril,
-                          mean, multiply, reshape, scatter_nd, sqrt, stack, subtract,
-                          sum as rsum, tanh, variance, where, zeros_like)
+                          expand_dims, greater, less, logical_and, mean, multiply, reshape,
+                          scatter_nd, sqrt, stack, subtract, sum as rsum, tanh, tril, variance,
+                          where, zeros_like)
 from tvm.relax.op.base import register_gradient
 from tvm.relax.op.nn import pad as pad_zeros
 from tvm.relax.op._op_gradient import no_grad
@@ -128,17 +132,17 @@ def extremum_grad(orig_var, orig_call, output_grad, ctx):
     """y = max(x, axes) (or min): dy goes to the positions holding the extremum, shared equally
     among ties, as torch.amax / amin."""
     x = orig_call.args[0]
-    dtype = dtype_of(x)
-    axes = orig_call.attrs.axis
-    keep = (orig_var if orig_call.attrs.keepdims else
-            expand_dims(orig_var, sorted(int(a) % len(shape_of(x)) for a in axes))
-            if axes is not None else reshape(orig_var, [1] * len(shape_of(x))))
-    dy = (output_grad if orig_call.attrs.keepdims else
-          expand_dims(output_grad, sorted(int(a) % len(shape_of(x)) for a in axes))
-          if axes is not None else reshape(output_grad, [1] * len(shape_of(x))))
-    hits = astype(equal(x, keep), dtype)
-    count = rsum(hits, axes, keepdims=True)
-    return [multiply(hits, divide(dy, count))]
+    rank, axes = len(shape_of(x)), orig_call.attrs.axis
+
+    def kept(value):  # ``value`` with the reduced axes back, as size 1
+        if orig_call.attrs.keepdims:
+            return value
+        if axes is None:
+            return reshape(value, [1] * rank)
+        return expand_dims(value, sorted(int(a) % rank for a in axes))
+
+    hits = astype(equal(x, kept(orig_var)), dtype_of(x))
+    return [multiply(hits, divide(kept(output_grad), rsum(hits, axes, keepdims=True)))]
 
 
 def tril_grad(orig_var, orig_call, output_grad, ctx):
