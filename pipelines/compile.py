@@ -34,7 +34,7 @@ from pipelines.training.graph import build_train_step
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import select
-from pipelines.transform import (FlattenTakeIndices, FuseSoftmaxCrossEntropy, IsolateGemms,
+from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FuseSoftmaxCrossEntropy, IsolateGemms,
                                  PlainPowers, PruneFrozenUpdates, RecomputeActivations,
                                  ReorderUpdates, SliceChannelUpdates)
 
@@ -55,7 +55,8 @@ def training_graph(main: relax.Function, names: dict, origins: dict, optimizer, 
     """Phase 2: the lowered ``main`` -> the full training step (every parameter updated), as a
     module carrying its signature; and the LoRA adapters' names and initial values, if the
     scheme has ``lora`` (training/lora.py)."""
-    main = FlattenTakeIndices()(tvm.IRModule({"main": main}))["main"]
+    main = tvm.transform.Sequential([FlattenTakeIndices(), BoolOpsAsInts()])(
+        tvm.IRModule({"main": main}))["main"]
     count = int(main.attrs["num_input"])
     num_params = sum(1 for v in main.params[count:] if names[v.name][0] == "parameter")
     adapters, values = {}, {}

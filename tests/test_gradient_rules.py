@@ -1,7 +1,8 @@
 """Each gradient rule pockengine registers (pipelines/training/rules.py), and TVM's depthwise conv
 rule that MobileNetV2 relies on, against PyTorch autograd: d/d(inputs) of sum(op(inputs) * r)
 for a random r. Tolerance: rtol 1e-4, atol 1e-5 (elementwise rules, slices); batch norm and
-layer norm rtol 1e-3, atol 1e-4 (reductions over the batch); depthwise conv rtol and atol 1e-4.
+layer norm rtol 1e-3, atol 1e-4 (reductions over the batch); depthwise conv rtol and atol 1e-4;
+index_tensor, max/min (ties shared as amax) and tril rtol 1e-4, atol 1e-5.
 An op without a rule is named with its binding, and the training graph's error names the
 PyTorch layer it came from."""
 import numpy as np
@@ -168,3 +169,73 @@ def test_missing_rule_error_names_the_pytorch_layer():
     main, names, origins = translate(program)
     with pytest.raises(MissingGradientRule, match=r"relax\.atan in layer 1\.0 \(Atan\)"):
         build_train_step(main, len(names), SGD(lr=0.1), origins)
+
+
+def test_index_tensor_matches_autograd_with_repeated_and_negative_indices():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 6, 3)).astype("float32")
+    rows, cols = np.array([0, 4, 4, -1]), np.array([[1], [5], [5], [-2]])  # broadcast to (4, 4)
+    w = rng.standard_normal((4, 4, 3)).astype("float32")
+    got = relax_grads(lambda a: relax.op.index_tensor(
+        a, relax.Tuple([relax.const(rows), relax.const(cols)])), [x.shape], [x], w)
+    want = torch_grads(lambda a: a[torch.tensor(rows), torch.tensor(cols)], [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
+@pytest.mark.parametrize("reduce", ["max", "min"])
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_max_and_min_share_the_gradient_among_ties_as_amax(reduce, keepdims):
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 3, (4, 6)).astype("float32")  # many ties
+    w = rng.standard_normal((4, 1) if keepdims else (4,)).astype("float32")
+    op = getattr(relax.op, reduce)
+    got = relax_grads(lambda a: op(a, axis=[1], keepdims=keepdims), [x.shape], [x], w)
+    want = torch_grads(lambda a: getattr(torch, f"a{reduce}")(a, 1, keepdim=keepdims), [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
+def test_tril_matches_autograd():
+    rng = np.random.default_rng(6)
+    x, w = (rng.standard_normal((2, 5, 5)).astype("float32") for _ in range(2))
+    got = relax_grads(lambda a: relax.op.tril(a, 1), [x.shape], [x], w)
+    want = torch_grads(lambda a: torch.tril(a, 1), [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
+def test_index_and_mask_paths_stay_out_of_the_gradient():
+    """A classifier reading each row's last non-pad token, as transformers' does: the position
+    comes from integer ops on the input ids (no rule for argmax or arange), the mask from a
+    comparison of the logits. Only the float path is differentiated, and the gradient is
+    PyTorch's."""
+    from pipelines.frontends.torch_program import translate
+    from pipelines.training.graph import build_train_step
+    from pipelines.training.optimizers import SGD
+
+    class LastToken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(10, 6), torch.nn.Linear(6, 3)
+
+        def forward(self, ids):
+            logits = self.head(self.embed(ids))                    # (B, S, 3)
+            last = (torch.arange(ids.shape[1]) * (ids != 0)).argmax(-1)
+            keep = (logits > -1e9).to(logits.dtype)                # a mask from a comparison
+            return (logits * keep)[torch.arange(ids.shape[0]), last]
+
+    model = LastToken()
+    ids = torch.tensor([[3, 4, 0, 0], [5, 6, 7, 0]])
+    main, names, _ = translate(torch.export.export(model, (ids,)))
+    assert rules.ops_without_gradient(main, main.params[1:]) == []
+    step, signature = build_train_step(main, len(names), SGD(lr=1.0), {})
+    mod = relax.transform.LegalizeOps()(tvm.IRModule({"train_step": step}))
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    labels = np.array([1, 2])
+    params = [model.embed.weight, model.head.weight, model.head.bias]
+    out = vm["train_step"](tvm.runtime.tensor(ids.numpy()), tvm.runtime.tensor(labels),
+                           *[tvm.runtime.tensor(p.detach().numpy()) for p in params])
+    loss = torch.nn.functional.cross_entropy(model(ids), torch.tensor(labels))
+    loss.backward()
+    assert float(out[0].numpy()) == pytest.approx(loss.item(), rel=1e-5)
+    for p, new in zip(params, list(out)[1:]):  # plain SGD, lr 1: new = p - grad
+        np.testing.assert_allclose(new.numpy(), (p - p.grad).detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)

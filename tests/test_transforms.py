@@ -20,7 +20,7 @@ from pipelines.compile import training_graph
 from pipelines.config import Optimizer
 from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of
-from pipelines.transform import (FlattenTakeIndices, PlainPowers, PruneFrozenUpdates,
+from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, PlainPowers, PruneFrozenUpdates,
                                  RecomputeActivations, ReorderUpdates, SliceChannelUpdates)
 
 SGD = TypeAdapter(Optimizer).validate_python({"kind": "sgd", "lr": 0.1, "momentum": 0.9})
@@ -191,3 +191,32 @@ def test_flatten_take_indices_looks_up_by_1d_indices():
     _, want = run(before, "main", args)
     _, got = run(after, "main", args)
     np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_bool_ops_as_ints_compares_and_sums_masks_on_int_casts():
+    bb = relax.BlockBuilder()
+    m = relax.Var("m", relax.TensorType([4, 16], "bool"))
+    with bb.function("main", [m]):
+        with bb.dataflow():
+            running = bb.emit(relax.op.cumsum(m, axis=-1))
+            same = bb.emit(relax.op.equal(relax.op.expand_dims(running, [2]),
+                                          relax.op.expand_dims(m, [1])))
+            out = bb.emit_output(relax.op.not_equal(same, relax.op.expand_dims(m, [2])))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after = BoolOpsAsInts()(before)
+    calls = [b.value for b in after["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call)]
+    touched = [c for c in calls if c.op.name in ("relax.equal", "relax.not_equal",
+                                                 "relax.cumsum")]
+    assert len(touched) == 3 and all(str(c.args[0].ty.dtype) != "bool" for c in touched)
+    mask = np.random.default_rng(2).integers(0, 2, (4, 16)).astype("bool")
+    mask[0] = False  # a row that never turns on
+    _, got = run(after, "main", [mask])
+    # numpy: a bool cumsum is True from the first True on
+    running = np.cumsum(mask, axis=-1) > 0
+    want = (running[:, :, None] == mask[:, None, :]) != mask[:, :, None]
+    np.testing.assert_array_equal(got[0], want)
+    # TVM's code generator on the bool ops as they are (why the pass exists)
+    with pytest.raises(tvm.error.InternalError, match="kDLFloat|fcmp"):
+        run(before, "main", [mask])

@@ -85,12 +85,14 @@ def describe_layers(model: torch.nn.Module, patterns: list[str] = ()) -> dict:
         blocks = block_paths([path for path, _ in model.named_modules()], list(patterns))
     params = []
     for module_path, module in model.named_modules():
-        for role, param in module.named_parameters(recurse=False):
+        for leaf, param in module.named_parameters(recurse=False):
             block = next((i for i, b in enumerate(blocks)
                           if module_path == b or module_path.startswith(b + ".")), None)
-            params.append({"name": f"{module_path}.{role}", "module": module_path,
-                           "kind": layer_kind(module), "role": role, "block": block,
-                           "shape": list(param.shape)})
+            # a module's own tensors other than its bias (ViT's cls_token, position embeddings)
+            # are weights, as schemes' ``update`` counts them
+            params.append({"name": f"{module_path}.{leaf}", "module": module_path,
+                           "kind": layer_kind(module), "role": "bias" if leaf == "bias" else
+                           "weight", "block": block, "shape": list(param.shape)})
     return {"blocks": blocks, "parameters": params}
 
 

@@ -74,11 +74,23 @@ def _recording(convert, produced: dict, takes_importer: bool):
     return wrapped
 
 
+def _views_as_reshapes(program: torch.export.ExportedProgram) -> None:
+    """Every aten.view in ``program``'s graph as aten.reshape (the same values wherever the view
+    was valid). Re-tracing for the decompositions can give a tensor other strides than the
+    export saw, and a view of it then fails (GPT-2's Conv1D: "Cannot view a tensor with shape
+    [4, 16, 32] and strides (32, 128, 1)"); Relax has no strides, so both become reshape."""
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+    program.graph_module.recompile()
+
+
 def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, dict, dict]:
     """Translate; return ``main``, the name table {relax name: (kind, torch name)} and the
     origin table {binding name: PyTorch module}. ``main``'s attribute ``num_input`` counts the
     model's inputs."""
     state, produced = _BufferState(), {}
+    _views_as_reshapes(program)
     # Core ATen ops, as TVM's from_exported_program does (adaptive pooling becomes a mean).
     program = program.run_decompositions()
     importer = ExportedProgramImporter()

@@ -41,7 +41,8 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
     input and output names in order (``data``: the model's inputs and the labels), and what
     each optimizer-state input holds. Precondition: take indices are 1-D
     (transform/flatten_take_indices.py)."""
-    missing = rules.ops_without_gradient(main)
+    count = int(main.attrs["num_input"])
+    missing = rules.ops_without_gradient(main, main.params[count:count + num_params])
     if missing:
         op, var = missing[0]
         layer = (origins or {}).get(var, "unknown layer")
@@ -51,7 +52,6 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
             + (f"; also without one: {', '.join(others)}" if others else "")
             + f"; register one in pipelines/training/rules.py (known rules: "
             f"{sorted(rules.RULES)} plus TVM's own)")
-    count = int(main.attrs["num_input"])
     inputs, params = main.params[:count], list(main.params[count:count + num_params])
     buffers = list(main.params[count + num_params:])
     if any(x.name == LABELS for x in inputs):

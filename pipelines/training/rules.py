@@ -1,18 +1,24 @@
 """Gradient rules that TVM 0.27's Relax lacks and the reference models need (MobileNetV2:
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
-embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU).
+embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU; Hugging
+Face transformers: index_tensor (a classifier reading each sequence's last token), max/min and
+tril (attention masks)).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
-Rules are registered once, on import; a rule TVM later ships itself is left in place.
+Rules are registered once, on import; a rule TVM later ships itself is left in place. Then every
+rule, TVM's included, is wrapped so that gradients pass between float values only: integer and
+boolean values (positions, masks, shapes) are left out of the gradient.
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.op import (add, collapse_sum_to, divide, erf, exp, greater, less, logical_and,
-                          mean, multiply, reshape, sqrt, subtract, sum as rsum, tanh, variance,
+from tvm.relax.op import (add, astype, broadcast_to, collapse_sum_to, divide, equal, erf, exp,
+                          expand_dims, greater, less, logical_and, mean, multiply, reshape,
+                          scatter_nd, sqrt, stack, subtract, sum as rsum, tanh, tril, variance,
                           where, zeros_like)
 from tvm.relax.op.base import register_gradient
 from tvm.relax.op.nn import pad as pad_zeros
@@ -101,6 +107,49 @@ def strided_slice_grad(orig_var, orig_call, output_grad, ctx):
         no_grad(arg) for arg in orig_call.args[1:]]
 
 
+def index_tensor_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x[i0, i1, ...] (advanced indexing of the leading axes, the indices broadcast
+    together; e.g. a classifier reading each sequence's last token): dx is zeros with dy added
+    at the indexed positions, repeats accumulating, as PyTorch's index_put with accumulate."""
+    x, indices = orig_call.args
+    fields = (list(indices.fields) if isinstance(indices, relax.Tuple) else
+              [relax.TupleGetItem(indices, i) for i in range(len(indices.ty.fields))])
+    fields = [ctx.normalize(field) for field in fields]
+    dims = shape_of(x)
+    common = list(np.broadcast_shapes(*(tuple(shape_of(f)) for f in fields)))
+    positions = []
+    for axis, field in enumerate(fields):
+        index = astype(broadcast_to(field, common), "int64")
+        # negative positions count from the end, as in PyTorch
+        wrapped = add(index, relax.const(dims[axis], "int64"))
+        positions.append(where(less(index, relax.const(0, "int64")), wrapped, index))
+    zeros = relax.op.zeros(relax.ShapeExpr(dims), dtype_of(x))
+    return [scatter_nd(zeros, stack(positions, axis=-1), output_grad, reduction="add"),
+            no_grad(indices)]
+
+
+def extremum_grad(orig_var, orig_call, output_grad, ctx):
+    """y = max(x, axes) (or min): dy goes to the positions holding the extremum, shared equally
+    among ties, as torch.amax / amin."""
+    x = orig_call.args[0]
+    rank, axes = len(shape_of(x)), orig_call.attrs.axis
+
+    def kept(value):  # ``value`` with the reduced axes back, as size 1
+        if orig_call.attrs.keepdims:
+            return value
+        if axes is None:
+            return reshape(value, [1] * rank)
+        return expand_dims(value, sorted(int(a) % rank for a in axes))
+
+    hits = astype(equal(x, kept(orig_var)), dtype_of(x))
+    return [multiply(hits, divide(kept(output_grad), rsum(hits, axes, keepdims=True)))]
+
+
+def tril_grad(orig_var, orig_call, output_grad, ctx):
+    """y = tril(x, k): the kept triangle passes dy through."""
+    return [tril(output_grad, orig_call.args[1]), no_grad(orig_call.args[1])]
+
+
 def erf_grad(orig_var, orig_call, output_grad, ctx):
     """y = erf(x): dx = 2 / sqrt(pi) * exp(-x^2) * dy."""
     x = orig_call.args[0]
@@ -167,6 +216,10 @@ RULES = {
     "relax.nn.batch_norm": batch_norm_grad,
     "relax.rsqrt": rsqrt_grad,
     "relax.strided_slice": strided_slice_grad,
+    "relax.index_tensor": index_tensor_grad,
+    "relax.max": extremum_grad,
+    "relax.min": extremum_grad,
+    "relax.tril": tril_grad,
     "relax.erf": erf_grad,
     "relax.nn.gelu": gelu_grad,
     "relax.nn.gelu_tanh": gelu_tanh_grad,
@@ -176,19 +229,71 @@ RULES = {
 
 
 def register() -> None:
-    """Register the project's rules for ops that have none in this TVM."""
+    """Register the project's rules for ops that have none in this TVM; then make every rule
+    pass gradients between float values only (``_float_only``)."""
     for op_name, rule in RULES.items():
         op = tvm.ir.Op.get(op_name)
         if op.get_attr("FPrimalGradient") is None:
             register_gradient(op_name, rule)
+    for op_name in tvm.ir.Op.list_op_names():
+        rule = tvm.ir.Op.get(op_name).get_attr("FPrimalGradient")
+        if op_name.startswith("relax.") and rule is not None:
+            register_gradient(op_name, _float_only(rule), level=_OVERRIDE)
 
 
-def ops_without_gradient(func: relax.Function) -> list[tuple[str, str]]:
-    """(op name, binding var name) of each bound call in ``func`` that has no gradient rule."""
-    return [(binding.value.op.name, binding.var.name)
-            for block in func.body.blocks for binding in block.bindings
-            if isinstance(binding.value, relax.Call) and isinstance(binding.value.op, tvm.ir.Op)
-            and binding.value.op.get_attr("FPrimalGradient") is None]
+_OVERRIDE = 11  # above the level TVM registers its own rules at
+
+
+def _float_only(rule):
+    """``rule`` where no gradient enters an integer or boolean value. TVM's Gradient pass sends
+    an adjoint to every argument a rule gives a partial for, so a mask built from the inputs
+    (``equal``, ``cumsum``, ``astype`` to bool) would otherwise carry bool "gradients" back
+    into ops that have no rule or no code for them."""
+
+    def wrapped(orig_var, orig_call, output_grad, ctx):
+        if not _carries_gradient(orig_var):
+            return [no_grad(arg) for arg in orig_call.args]
+        partials = rule(orig_var, orig_call, output_grad, ctx)
+        return [partial if _carries_gradient(arg) else no_grad(arg)
+                for arg, partial in zip(orig_call.args, partials)]
+
+    return wrapped
+
+
+def _carries_gradient(expr: relax.Expr) -> bool:
+    """Whether a gradient can flow through ``expr``: a float tensor or a tuple holding one (a
+    comparison's mask or an index does not, even when computed from the parameters)."""
+    return _float_type(expr.ty)
+
+
+def _float_type(ty) -> bool:
+    if isinstance(ty, relax.TupleType):
+        return any(_float_type(field) for field in ty.fields)
+    return isinstance(ty, relax.TensorType) and ty.dtype is not None and _is_float(ty.dtype)
+
+
+def _is_float(dtype) -> bool:
+    return str(dtype).startswith(("float", "bfloat"))
+
+
+def ops_without_gradient(func: relax.Function, wrt=None) -> list[tuple[str, str]]:
+    """(op name, binding var name) of each bound call in ``func`` that has no gradient rule and
+    that a gradient flows through: one whose value depends on a var of ``wrt`` (default: every
+    parameter of ``func``). Integer and shape computations from the inputs alone (position ids,
+    masks, the index of a sequence's last token) need no gradient and are left out."""
+    varying = set(func.params if wrt is None else wrt)
+    missing = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            used = relax.analysis.free_vars(binding.value)
+            if not any(v in varying for v in used) or not _carries_gradient(binding.var):
+                continue
+            varying.add(binding.var)
+            value = binding.value
+            if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                    and value.op.get_attr("FPrimalGradient") is None):
+                missing.append((value.op.name, binding.var.name))
+    return missing
 
 
 register()

@@ -1,6 +1,7 @@
 """The training step's passes, one per file, each named after its file; pipelines/compile.py puts
 them in order. Each docstring opens with the rewrite it does and shows the IR before and after.
 """
+from pipelines.transform.bool_ops_as_ints import BoolOpsAsInts
 from pipelines.transform.flatten_take_indices import FlattenTakeIndices
 from pipelines.transform.fuse_softmax_cross_entropy import FuseSoftmaxCrossEntropy
 from pipelines.transform.isolate_gemms import IsolateGemms
@@ -10,5 +11,5 @@ from pipelines.transform.recompute import RecomputeActivations
 from pipelines.transform.reorder_updates import ReorderUpdates
 from pipelines.transform.slice_channels import SliceChannelUpdates
 
-__all__ = ["FlattenTakeIndices", "FuseSoftmaxCrossEntropy", "IsolateGemms", "PlainPowers",
+__all__ = ["BoolOpsAsInts", "FlattenTakeIndices", "FuseSoftmaxCrossEntropy", "IsolateGemms", "PlainPowers",
            "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates"]

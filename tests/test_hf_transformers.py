@@ -1,0 +1,128 @@
+"""Hugging Face transformers models as a user's model file gives them (tests/frontends/hf_models.py:
+tiny configs, random init, nothing downloaded) through the one chain (pipelines/compile.py):
+LLaMA with grouped-query attention, Qwen2, GPT-2 (tied embeddings, Conv1D), BERT with an
+attention mask and token types, ViT, ResNet (batch norm in training mode).
+
+Each family, full BP and a sparse scheme in its own parameter names (the last block's attention
+or convolutions, some on half their output channels, and the head): three chained SGD-momentum
+steps against PyTorch doing the identical update from the same weights. Tolerance: the loss
+within 1e-4 relative at every step, every tensor of the state within rtol 1e-4 / atol 1e-6,
+frozen parameters bit-identical (conftest.assert_steps_match).
+"""
+import numpy as np
+import pytest
+import torch
+from conftest import assert_steps_match
+
+from pipelines.compile import compile
+from pipelines.config import SGD, Model
+from pipelines.frontends.torch_module import load_module
+
+pytest.importorskip("transformers")
+
+OPT = SGD(kind="sgd", lr=0.05, momentum=0.9)
+BATCH = 4
+SOURCE = "tests/frontends/hf_models.py"
+FULL = [{"modules": ["*"]}]
+
+# family: (the last block's module path, its modules the scheme updates, the head)
+SPARSE = {
+    "llama": ("model.model.layers.1", ["self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj"],
+              "model.score"),
+    "qwen2": ("model.model.layers.1", ["self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj"],
+              "model.score"),
+    "gpt2": ("model.transformer.h.1", ["attn.c_attn", "mlp.c_fc"], "model.score"),
+    "bert": ("model.bert.encoder.layer.1", ["attention.self.query", "intermediate.dense"],
+             "model.classifier"),
+    "vit": ("model.vit.layers.1", ["attention.v_proj", "mlp.fc1"], "model.classifier"),
+    "resnet": ("model.resnet.encoder.stages.1.layers.0", ["layer.0.convolution",
+                                                         "layer.2.convolution"],
+               "model.classifier.1"),
+}
+
+
+def sparse_rules(family: str) -> list[dict]:
+    block, modules, head = SPARSE[family]
+    first, *rest = [f"{block}.{m}" for m in modules]
+    return [{"modules": [head]},
+            {"modules": [first], "channels": 0.5, "update": "weight"},
+            {"modules": rest}]
+
+
+def batches(model: Model, count: int = 3) -> list[tuple]:
+    """Random batches shaped as the model's example inputs: token ids drawn anew, masks and
+    token types kept, images drawn anew; then class labels."""
+    _, example = load_module(model)
+    rng = np.random.default_rng(0)
+
+    def draw(value: torch.Tensor) -> np.ndarray:
+        if value.dtype.is_floating_point:
+            return rng.standard_normal(value.shape).astype("float32")
+        if value.max() > 1:  # token ids
+            return rng.integers(1, int(value.max()) + 1, value.shape).astype("int64")
+        return value.numpy()
+
+    return [tuple(draw(v) for v in example.values()) + (rng.integers(0, 4, BATCH),)
+            for _ in range(count)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(SPARSE))
+@pytest.mark.parametrize("scheme", ["full", "sparse"])
+def test_transformers_model_steps_like_pytorch(tmp_path, host_profile, family, scheme):
+    model = Model(frontend="torch", source=SOURCE, entry=f"{family}_classifier",
+                  batch_size=BATCH)
+    torch.manual_seed(0)
+    rules = FULL if scheme == "full" else sparse_rules(family)
+    compiled = compile(model, rules, OPT, host_profile, tmp_path, scheme_name=scheme)
+    names = compiled.signature["source_names"]
+    trainable = {names[p] for p in compiled.signature["trainable"]}
+    if scheme == "sparse":
+        # the scheme selected by the model's own names: the head, and in the last block only
+        # the modules it names
+        block, modules, head = SPARSE[family]
+        assert any(n.startswith(head + ".") for n in trainable)
+        assert {n.rsplit(".", 1)[0] for n in trainable} <= {head} | {
+            f"{block}.{m}" for m in modules}
+        assert len(compiled.signature["channels"]) >= 1
+    else:
+        module, _ = load_module(model)
+        assert trainable == {name for name, _ in module.named_parameters()}
+    before, after = assert_steps_match(compiled, model, OPT, batches(model), rtol=1e-4)
+    changed = [n for n in trainable if not torch.equal(before[n], after[n])]
+    assert changed, "the step updated nothing"
+
+
+def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):
+    """A model file whose entry loads a local from_pretrained directory (config.json and
+    safetensors, as users keep downloaded models): the weights stage starts from those
+    weights, not from a seeded initialisation."""
+    import transformers
+
+    from pipelines.frontends.weights import initial_weights
+
+    torch.manual_seed(1)
+    saved = transformers.LlamaForSequenceClassification(
+        transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, pad_token_id=0, num_labels=3))
+    saved.save_pretrained(tmp_path / "llama")
+    source = tmp_path / "my_llama.py"
+    source.write_text(
+        "import torch, transformers\n"
+        "class Logits(torch.nn.Module):\n"
+        "    def __init__(self, model):\n"
+        "        super().__init__()\n"
+        "        self.model = model\n"
+        "    def forward(self, input_ids):\n"
+        "        return self.model(input_ids=input_ids, use_cache=False).logits\n"
+        "def build(batch_size):\n"
+        f"    model = transformers.LlamaForSequenceClassification.from_pretrained("
+        f"{str(tmp_path / 'llama')!r})\n"
+        "    return Logits(model), {'input_ids': torch.ones(batch_size, 8, dtype=torch.int64)}\n")
+    model = Model(frontend="torch", source=str(source), entry="build", batch_size=2)
+    weights, _ = initial_weights(model, None, seed=0)
+    want = {f"model.{k}": v for k, v in saved.state_dict().items()}
+    assert weights.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(weights[name], value), name
