@@ -4,6 +4,7 @@ remove, their memory plans, where their time goes; every device they were built 
 scheme searches and the fine-tuning runs."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pipelines.io import read_json
@@ -133,6 +134,17 @@ def kernel_profile(name: str, profile: dict) -> list[str]:
     return lines + [""]
 
 
+def _target_name(target: str) -> str:
+    """"llvm cortex-a72", "cuda sm_87": the kind and the CPU or GPU it is built for, from the
+    target the build records (TVM writes it as JSON)."""
+    try:
+        fields = json.loads(target)
+    except ValueError:
+        return target  # an older build's "llvm -mcpu=..." string
+    chip = fields.get("mcpu") or fields.get("arch") or fields.get("mtriple", "")
+    return f"{fields.get('kind', '')} {chip}".strip()
+
+
 def device_table(found: dict) -> list[str]:
     lines = ["## Devices", "", "| case | device | target | built | ran | matches the host "
              "build | step latency |", "|---|---|---|---|---|---|---|"]
@@ -158,7 +170,7 @@ def device_table(found: dict) -> list[str]:
                        "machine's cores)" if "container" in bench
                        else f"{bench['compiled']['median_ms']:.2f} ms")
         case, device = key.rsplit("-", 1)
-        lines.append(f"| {case} | {device} | {built['target']} | {what} | {ran} | {matches} | "
+        lines.append(f"| {case} | {device} | {_target_name(built['target'])} | {what} | {ran} | {matches} | "
                      f"{latency} |")
     packages = [(k, p) for k, p in found["package"].items() if p]
     if packages:
