@@ -226,6 +226,7 @@ RULES = {
     "relax.nn.layer_norm": layer_norm_grad,
 }
 
+_OVERRIDE = 11  # the level our wrappers register at: above the one TVM registers its rules at
 
 
 def register() -> None:
@@ -239,9 +240,6 @@ def register() -> None:
         rule = tvm.ir.Op.get(op_name).get_attr("FPrimalGradient")
         if op_name.startswith("relax.") and rule is not None:
             register_gradient(op_name, _float_only(rule), level=_OVERRIDE)
-
-
-_OVERRIDE = 11  # above the level TVM registers its own rules at
 
 
 def _float_only(rule):
