@@ -7,10 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import pytest
-import torch
-from conftest import twin_of
+from conftest import assert_steps_match
 
 
 def lowered(model, directory: Path, seed: int = 0):
@@ -30,27 +27,11 @@ def lowered(model, directory: Path, seed: int = 0):
 
 
 def chained_steps_match(compiled, model, optimizer, batches) -> tuple[dict, dict]:
-    """Run ``compiled`` (a pipelines/compile.py Compiled) and PyTorch's step on its twin from
-    the same state for each batch: losses within 1e-5 relative, the final state within rtol
-    1e-4 / atol 1e-6, parameters outside the scheme bit-identical. Returns the state before and
-    after, by the source's names."""
-    from pipelines.models.torch_twin import make_optimizer, train_step
-    from pipelines.runtime.step import CompiledStep, selection_of
-
-    twin = twin_of(compiled, model)
-    before = {k: v.clone() for k, v in twin.state_dict().items()}
-    step = CompiledStep(compiled.directory, compiled.initial)
-    selection = selection_of(compiled.signature)
-    update = make_optimizer(twin, optimizer, selection)
-    for batch in batches:
-        want = train_step(twin, update, *batch)
-        assert step.step(*batch) == pytest.approx(want, rel=1e-5)
-    after = step.state_dict()
-    assert set(after) == set(twin.state_dict())
-    for name, value in twin.state_dict().items():
-        np.testing.assert_allclose(after[name].numpy(), value.numpy(), rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
-        if name not in selection:
-            np.testing.assert_array_equal(after[name].numpy(), before[name].numpy(),
-                                          err_msg=f"{name} is frozen")
-    return before, {k: torch.clone(v) for k, v in after.items()}
+    """conftest.assert_steps_match with these tests' tolerances (loss within 1e-5 relative,
+    state within rtol 1e-4 / atol 1e-6), and the step holding every tensor of the twin's
+    state. ``compiled`` needs ``directory``, ``initial`` and ``signature`` (a
+    pipelines/compile.py Compiled, or a step built phase by phase)."""
+    before, after = assert_steps_match(compiled, model, optimizer, batches, rtol=1e-4,
+                                       atol=1e-6, loss_rtol=1e-5)
+    assert set(after) == set(before)
+    return before, after

@@ -12,11 +12,13 @@ backends of every product.
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from tvm import relax, tirx
 
+from chained_steps import chained_steps_match
 from conftest import compose_params
 from optimized_steps import optimized_case
 from pipelines.backend.blas import OPENBLAS_LIB, gemm_kernels, measure, switch_backends
@@ -61,10 +63,6 @@ def test_products_become_gemm_kernels_in_every_layout(step):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["openblas", "generated"])
 def test_switched_step_matches_pytorch(tmp_path, host_profile, step, backend, monkeypatch):
-    from pipelines.evaluate.twin import torch_twin
-    from pipelines.models.torch_twin import make_optimizer, train_step
-    from pipelines.runtime.step import CompiledStep, selection_of
-
     model, optimizer, mod, values = step
     everything = {name: backend for name in gemm_kernels(mod)}
     # The build measures the host's products: here every product takes ``backend``.
@@ -80,22 +78,8 @@ def test_switched_step_matches_pytorch(tmp_path, host_profile, step, backend, mo
 
     # Chained steps against PyTorch from the same state: the loss within 1e-5 at every step,
     # the state within rtol 1e-4, atol 1e-6 after the last, frozen parameters untouched.
-    twin = torch_twin(model, signature_of(mod), values)
-    before = {k: v.clone() for k, v in twin.state_dict().items()}
-    compiled_step = CompiledStep(tmp_path, values)
-    selection = selection_of(compiled_step.signature)
-    update = make_optimizer(twin, optimizer, selection)
-    for tokens, labels in batches():
-        want = train_step(twin, update, tokens, labels)
-        assert compiled_step.step(tokens, labels) == pytest.approx(want, rel=1e-5)
-    after = compiled_step.state_dict()
-    assert set(after) == set(twin.state_dict())
-    for name, value in twin.state_dict().items():
-        np.testing.assert_allclose(after[name].numpy(), value.numpy(), rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
-        if name not in selection:
-            np.testing.assert_array_equal(after[name].numpy(), before[name].numpy(),
-                                          err_msg=f"{name} is frozen")
+    built_step = SimpleNamespace(directory=tmp_path, initial=values, signature=signature_of(mod))
+    chained_steps_match(built_step, model, optimizer, batches())
     # The library loads in a process that has loaded nothing else: it finds OpenBLAS beside
     # itself (in this one, scipy may have loaded a library with the same symbols).
     run = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path)], capture_output=True,

@@ -58,14 +58,9 @@ class _Rewriter(PyExprMutator):
         return call
 
 
-@tvm.transform.module_pass(opt_level=0, name="BoolOpsAsInts")
+@relax.transform.function_pass(opt_level=0, name="BoolOpsAsInts")
 class BoolOpsAsInts:
     """Every Relax function's comparisons and cumsums of bool tensors, on int casts (above)."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        rewriter = _Rewriter(mod)
-        out = mod.clone()
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                out[gvar] = rewriter.visit_expr(func)
-        return out
+    def transform_function(self, func: relax.Function, mod: tvm.IRModule, _ctx):
+        return _Rewriter(mod).visit_expr(func)
