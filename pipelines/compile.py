@@ -51,10 +51,10 @@ PLAN = tvm.transform.Sequential([
 
 
 def training_graph(main: relax.Function, names: dict, origins: dict, optimizer, lora=None,
-                   seed: int = 0) -> tuple[tvm.IRModule, dict, dict]:
-    """Phase 2: the lowered ``main`` -> the full training step (every parameter updated), as a
-    module carrying its signature; and the LoRA adapters' names and initial values, if the
-    scheme has ``lora`` (training/lora.py)."""
+                   seed: int = 0, task: str = "classification") -> tuple[tvm.IRModule, dict, dict]:
+    """Phase 2: the lowered ``main`` -> the full training step (every parameter updated) with
+    the ``task``'s loss (training/loss.py), as a module carrying its signature; and the LoRA
+    adapters' names and initial values, if the scheme has ``lora`` (training/lora.py)."""
     main = tvm.transform.Sequential([FlattenTakeIndices(), BoolOpsAsInts()])(
         tvm.IRModule({"main": main}))["main"]
     count = int(main.attrs["num_input"])
@@ -64,7 +64,7 @@ def training_graph(main: relax.Function, names: dict, origins: dict, optimizer, 
         main, adapters, values = add_adapters(main, names, num_params, lora, seed)
         num_params += len(adapters)
     names = {**names, **adapters}
-    step, signature = build_train_step(main, num_params, from_config(optimizer), origins)
+    step, signature = build_train_step(main, num_params, from_config(optimizer), origins, task)
     signature["source_names"] = {v.name: names[v.name][1] for v in main.params[count:]}
     signature["num_params"] = num_params
     if lora is not None:  # for the PyTorch twin's adapters (models/lora.py)
@@ -168,7 +168,8 @@ def compile(model, rules: list, optimizer, profile: dict, directory: Path, *, lo
         import_model(model, weights_dir, imported)
         main, names, origins, values = lower_model(model, imported)
         layers = read_json(imported / "layers.json")
-    full, adapters, adapter_values = training_graph(main, names, origins, optimizer, lora, seed)
+    full, adapters, adapter_values = training_graph(main, names, origins, optimizer, lora, seed,
+                                                    model.task)
     layers = case_layers(layers, adapters, adapter_values)
     pruned = sparse_update(full, select(rules, layers), scheme_name)
     optimized = optimize(pruned, reorder_updates, recompute)

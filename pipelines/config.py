@@ -30,6 +30,9 @@ HOST = "host"
 # Case, model and device names become DVC stage names (`build@<case>`, `tune@<case>-<device>`)
 # and paths: no dots (params keys), dashes (matrix names) or slashes.
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+# What a model is trained to do, which sets the loss and the labels (training/loss.py).
+TASKS = ("classification", "causal_lm", "masked_lm", "regression")
+IGNORE_INDEX = -100  # a label that scores nothing (PyTorch's and transformers' convention)
 
 
 class ConfigError(Exception):
@@ -197,6 +200,9 @@ class Model(Strict):
     pretrain: Pretrain | None = None
     finetune: Finetune | None = None
     blocks: list[str] = []  # module-path patterns of the repeated blocks (files' models)
+    # the loss and labels (training/loss.py): classification [B, C] logits, class labels;
+    # causal_lm / masked_lm [B, S, V] logits, a token label per position; regression: MSE
+    task: Literal[TASKS] = "classification"
 
     @model_validator(mode="after")
     def _entry(self):

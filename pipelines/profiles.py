@@ -142,15 +142,18 @@ def runs_here(profile: dict) -> bool:
 
 def check_tune(profile: dict, path) -> None:
     """``tune.trials``: MetaSchedule trials the tune stage runs for this device (default 0:
-    only the committed pre-tuned records). Tuning times candidates here (runs_here)."""
-    tune = profile["tune"] = {"trials": 0, **(profile.get("tune") or {})}
-    unknown = set(tune) - {"trials"}
+    only the committed pre-tuned records); ``tune.seed`` seeds their search (default 0). Tuning
+    times candidates here (runs_here)."""
+    tune = profile["tune"] = {"trials": 0, "seed": 0, **(profile.get("tune") or {})}
+    unknown = set(tune) - {"trials", "seed"}
     if unknown:
         raise ConfigError(f"{path}: unknown keys {sorted('tune.' + k for k in unknown)}; "
-                          "allowed: ['tune.trials']")
+                          "allowed: ['tune.seed', 'tune.trials']")
+    for key in ("trials", "seed"):
+        value = tune[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{path}: tune.{key}={value!r}; allowed: a whole number >= 0")
     trials = tune["trials"]
-    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
-        raise ConfigError(f"{path}: tune.trials={trials!r}; allowed: a whole number >= 0")
     if trials and not runs_here(profile):
         raise ConfigError(f"{path}: tune.trials={trials} needs candidates timed on the device, "
                           f"but runner={profile['runner']!r}, target kind "

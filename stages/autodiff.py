@@ -22,7 +22,8 @@ def main(name: str) -> None:
     names = {k: tuple(v) for k, v in read_json(lowered / "names.json").items()}
     full, adapters, values = training_graph(
         load_ir(lowered / "model.json")["main"], names, read_json(lowered / "origins.json"),
-        case_optimizer(params, case), params.schemes[case.scheme].lora, params.seed)
+        case_optimizer(params, case), params.schemes[case.scheme].lora, params.seed,
+        params.models[case.model].task)
     layers = read_json(model_dir(case.model, "import") / "layers.json")
     with atomic_dir(case_dir(name, "autodiff")) as tmp:
         save_ir(full, tmp, "train_step")

@@ -12,7 +12,7 @@ import sys
 from pipelines.backend.tune_step import tune_step
 from pipelines.backend.tuning import PRETUNED
 from pipelines.compile import optimized_for
-from pipelines.config import load_params, run_stage
+from pipelines.config import run_stage
 from pipelines.io import ROOT, atomic_dir, write_json_atomic, write_manifest
 from pipelines.ir import load_ir
 from pipelines.layout import case_dir, device_dir
@@ -25,7 +25,7 @@ def main(name: str, device: str) -> None:
     committed = ROOT / PRETUNED / device
     with atomic_dir(device_dir(name, device, "tune")) as tmp:
         metrics = tune_step(load_ir(step), tvm_target(profile), profile["tune"]["trials"],
-                            profile["cores"], committed, tmp, load_params().seed,
+                            profile["cores"], committed, tmp, profile["tune"]["seed"],
                             f"tune@{name}-{device}")
         write_json_atomic(tmp / "metrics.json", metrics)
         write_manifest(tmp, f"tune@{name}-{device}", {"step": step, "pretuned": committed},

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.config import IGNORE_INDEX
+
 # Two cores on CI: keep TVM's and PyTorch's thread pools from oversubscribing them.
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
@@ -105,6 +107,17 @@ def random_batch(compiled, seed: int = 0, classes: int | None = None):
     return tuple(arrays)
 
 
+def task_labels(task: str, shape: list, rng, high: int) -> np.ndarray:
+    """Labels a task scores: token ids with some positions ignored (a prompt's, padding), or
+    float targets."""
+    if task == "regression":
+        return rng.standard_normal(shape).astype("float32")
+    labels = rng.integers(0, high, shape)
+    keep = 0.25 if task == "masked_lm" else 0.75  # masked LM scores the masked positions only
+    labels[rng.random(shape) > keep] = IGNORE_INDEX
+    return labels
+
+
 def assert_steps_match(compiled, model, optimizer, batches, rtol: float = 1e-4,
                        atol: float = 1e-6, change_rtol: float | None = None,
                        loss_rtol: float | None = None) -> tuple[dict, dict]:
@@ -131,7 +144,7 @@ def assert_steps_match(compiled, model, optimizer, batches, rtol: float = 1e-4,
     selection = selection_of(compiled.signature)
     update = make_optimizer(twin, optimizer, selection)
     for batch in batches:
-        want = train_step(twin, update, *batch)
+        want = train_step(twin, update, *batch, task=compiled.signature["task"])
         assert step.step(*batch) == pytest.approx(want, rel=loss_rtol or rtol)
     after = step.state_dict()
     for name, value in twin.state_dict().items():

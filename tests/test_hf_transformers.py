@@ -8,11 +8,14 @@ or convolutions, some on half their output channels, and the head): three chaine
 steps against PyTorch doing the identical update from the same weights. Tolerance: the loss
 within 1e-4 relative at every step, every tensor of the state within rtol 1e-4 / atol 1e-6,
 frozen parameters bit-identical (conftest.assert_steps_match).
+
+The same for the other heads, each with its task's loss (pipelines/training/loss.py): LLaMA and
+GPT-2 (head tied to the embeddings) as causal LMs, BERT as a masked LM and as a regressor.
 """
 import numpy as np
 import pytest
 import torch
-from conftest import assert_steps_match
+from conftest import assert_steps_match, task_labels
 
 from pipelines.compile import compile
 from pipelines.config import SGD, Model
@@ -91,6 +94,36 @@ def test_transformers_model_steps_like_pytorch(tmp_path, host_profile, family, s
     before, after = assert_steps_match(compiled, model, OPT, batches(model), rtol=1e-4)
     changed = [n for n in trainable if not torch.equal(before[n], after[n])]
     assert changed, "the step updated nothing"
+
+
+# entry: (task, the sparse scheme's head, or None for full BP only)
+TASK_HEADS = {"llama_causal_lm": ("causal_lm", "model.lm_head"),
+              "gpt2_causal_lm": ("causal_lm", None),
+              "bert_masked_lm": ("masked_lm", "model.cls.predictions.transform.dense"),
+              "bert_regressor": ("regression", None)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry,scheme", [(e, s) for e, (_, head) in TASK_HEADS.items()
+                                          for s in ["full"] + ["sparse"] * bool(head)])
+def test_language_model_and_regression_heads_step_like_pytorch(tmp_path, host_profile, entry,
+                                                                scheme):
+    task, head = TASK_HEADS[entry]
+    family = entry.split("_")[0]
+    model = Model(frontend="torch", source=SOURCE, entry=entry, batch_size=BATCH, task=task)
+    torch.manual_seed(0)
+    rules = FULL
+    if scheme == "sparse":
+        block, modules, _ = SPARSE[family]
+        rules = [{"modules": [head]}, {"modules": [f"{block}.{m}" for m in modules]}]
+    compiled = compile(model, rules, OPT, host_profile, tmp_path, scheme_name=scheme)
+    rng = np.random.default_rng(0)
+    labels = compiled.signature["data_types"]["labels"]["shape"]
+    steps = [b[:-1] + (task_labels(task, labels, rng, 128),) for b in batches(model)]
+    before, after = assert_steps_match(compiled, model, OPT, steps, rtol=1e-4)
+    names = compiled.signature["source_names"]
+    trainable = {names[p] for p in compiled.signature["trainable"]}
+    assert [n for n in trainable if not torch.equal(before[n], after[n])], "nothing updated"
 
 
 def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):

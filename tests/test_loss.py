@@ -14,7 +14,7 @@ from pipelines.kernels.softmax_nll import LOSS_KERNEL
 from pipelines.transform import FuseSoftmaxCrossEntropy
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
-IGNORE = -100
+from pipelines.config import IGNORE_INDEX as IGNORE
 
 
 def _autodiff_pattern(rows: int, classes: int, reduction: str, extra_reader: bool = False):
@@ -86,3 +86,38 @@ def test_a_pattern_with_another_reader_stays_as_it_was():
     mod = _autodiff_pattern(4, 10, "mean", extra_reader=True)
     fused, count = fuse_losses(mod)
     assert count == 0 and fused.same_as(mod)
+
+
+@pytest.mark.parametrize("task,entry", [("causal_lm", "token_logits"),
+                                        ("masked_lm", "token_logits"),
+                                        ("regression", "regressor")])
+def test_each_task_steps_like_pytorch_with_its_loss(tmp_path, host_profile, task, entry):
+    """A model of each task's output shape, full BP, three SGD-momentum steps against PyTorch
+    with the task's loss as PyTorch writes it (models/torch_twin.py: task_loss): the loss and
+    every weight within rtol 1e-4 (conftest.assert_steps_match)."""
+    from conftest import assert_steps_match, random_batch, task_labels
+
+    from pipelines.compile import compile
+    from pipelines.config import SGD, Model
+
+    model = Model(frontend="torch", source="tests/frontends/task_heads.py", entry=entry,
+                  batch_size=4, task=task)
+    optimizer = SGD(kind="sgd", lr=0.1, momentum=0.9)
+    torch.manual_seed(0)
+    compiled = compile(model, [{"modules": ["*"]}], optimizer, host_profile, tmp_path)
+    assert compiled.signature["task"] == task
+    rng = np.random.default_rng(1)
+    labels = compiled.signature["data_types"]["labels"]
+    batches = [random_batch(compiled, seed)[:-1] + (task_labels(task, labels["shape"], rng, 100),)
+               for seed in range(3)]
+    assert assert_steps_match(compiled, model, optimizer, batches)
+
+
+@pytest.mark.parametrize("task,shape", [("classification", [4, 3, 7]), ("causal_lm", [4, 7]),
+                                        ("masked_lm", [2, 3, 4, 5])])
+def test_an_output_the_task_cannot_score_is_named(task, shape):
+    from pipelines.config import ConfigError
+    from pipelines.training.loss import loss_function
+
+    with pytest.raises(ConfigError, match=rf"output is float32 of shape \{shape}.*task '{task}'"):
+        loss_function(task, tensor_type(shape, "float32"))

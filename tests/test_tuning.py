@@ -132,7 +132,8 @@ def test_the_in_process_builder_builds_and_reports_failures(tmp_path):
     ({"trials": -1}, "tune.trials=-1; allowed: a whole number >= 0"),
     ({"trials": "many"}, "tune.trials='many'"),
     ({"trials": True}, "tune.trials=True"),
-    ({"trails": 10}, "unknown keys ['tune.trails']; allowed: ['tune.trials']"),
+    ({"seed": -2}, "tune.seed=-2; allowed: a whole number >= 0"),
+    ({"trails": 10}, "unknown keys ['tune.trails']; allowed: ['tune.seed', 'tune.trials']"),
 ])
 def test_bad_tune_settings_are_named(tune, message):
     with pytest.raises(ConfigError, match=r"host\.yaml.*: " + re.escape(message)):
@@ -143,9 +144,10 @@ def test_tuning_needs_a_device_it_can_time():
     with pytest.raises(ConfigError, match=r"rpi4\.yaml.*: tune\.trials=8 needs candidates timed "
                                           r"on the device, but runner='emulated'"):
         load_profile("rpi4", {"rpi4": {"tune": {"trials": 8}}})
-    assert load_profile("rpi4", {})["tune"] == {"trials": 0}
+    assert load_profile("rpi4", {})["tune"] == {"trials": 0, "seed": 0}
     # A docker device runs on this machine's CPU, where its benchmark times it too.
-    assert load_profile("edge_x86", {"edge_x86": {"tune": {"trials": 8}}})["tune"] == {"trials": 8}
+    assert load_profile("edge_x86", {"edge_x86": {"tune": {"trials": 8}}})["tune"] == {
+        "trials": 8, "seed": 0}
 
 
 def test_a_missing_database_is_empty_and_not_created(tmp_path):

@@ -30,7 +30,14 @@ def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],
     if not adapters:
         state = {k: v for k, v in state.items() if not k.endswith((".lora_a.weight",
                                                                    ".lora_b.weight"))}
+    # A tied parameter (GPT-2's head and embeddings) has several names and one value: the
+    # export keeps one of them.
+    tied = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(param), []).append(name)
+    aliases = {name: names for names in tied.values() for name in names}
     missing = [k for k in module.state_dict() if k not in state
+               and not any(a in state for a in aliases.get(k, ()))
                and not k.endswith("num_batches_tracked")]  # a fixed momentum never reads it
     if missing:
         raise KeyError(f"the step holds no initial value for {missing[:5]}")

@@ -65,8 +65,12 @@ def describe_program(program, patterns: list[str] = ()) -> dict:
                 groups[module] = int(user.args[6])
             elif user.target is torch.ops.aten.convolution.default:
                 groups[module] = int(user.args[8])
-    params = []
+    params, seen = [], set()
     for spec in specs:
+        value = state[spec.target]
+        if (value.data_ptr(), tuple(value.shape)) in seen:
+            continue  # tied (GPT-2's head): the step has it under its first name only
+        seen.add((value.data_ptr(), tuple(value.shape)))
         module = spec.target.rsplit(".", 1)[0] if "." in spec.target else ""
         # a layer's kind is read from its weight (a bias's shape says nothing of the kernel)
         weight = state.get(f"{module}.weight" if module else "weight", state[spec.target])
@@ -83,9 +87,12 @@ def describe_layers(model: torch.nn.Module, patterns: list[str] = ()) -> dict:
         blocks = list(model.blocks())
     else:
         blocks = block_paths([path for path, _ in model.named_modules()], list(patterns))
-    params = []
+    params, seen = [], set()
     for module_path, module in model.named_modules():
         for leaf, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue  # tied (GPT-2's head): the step has it under its first name only
+            seen.add(id(param))
             block = next((i for i, b in enumerate(blocks)
                           if module_path == b or module_path.startswith(b + ".")), None)
             # a module's own tensors other than its bias (ViT's cls_token, position embeddings)

@@ -85,11 +85,28 @@ def _views_as_reshapes(program: torch.export.ExportedProgram) -> None:
     program.graph_module.recompile()
 
 
+def _tied_parameters(program: torch.export.ExportedProgram) -> dict[str, str]:
+    """{input name: the input name it is tied to}: parameters that are one tensor under two
+    names (GPT-2's head and input embeddings). torch.export keeps each name as an input; a
+    training step must update one tensor with the sum of both uses' gradients."""
+    first, tied = {}, {}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind is InputKind.PARAMETER:
+            value = program.state_dict[spec.target]  # a loaded program: the storage is shared
+            key = (value.data_ptr(), tuple(value.shape), value.stride())
+            if key in first:
+                tied[spec.arg.name] = first[key]
+            else:
+                first[key] = spec.arg.name
+    return tied
+
+
 def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, dict, dict]:
     """Translate; return ``main``, the name table {relax name: (kind, torch name)} and the
     origin table {binding name: PyTorch module}. ``main``'s attribute ``num_input`` counts the
     model's inputs."""
     state, produced = _BufferState(), {}
+    tied = _tied_parameters(program)
     _views_as_reshapes(program)
     # Core ATen ops, as TVM's from_exported_program does (adaptive pooling becomes a mean).
     program = program.run_decompositions()
@@ -114,6 +131,10 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
         if var.name not in names:
             raise ValueError(f"batch norm statistic {var.name} is not a buffer of the model")
     func = with_buffers(main, state.updates)
+    if tied:  # each tied name reads the first one's input, which it no longer has
+        inputs = {p.name: p for p in func.params}
+        func = func.bind_params({inputs[name]: inputs[first] for name, first in tied.items()})
+        names = {k: v for k, v in names.items() if k not in tied}
     return func, names, origins_of(func, produced)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pipelines.config import IGNORE_INDEX
+
 
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
@@ -21,12 +23,15 @@ def make_optimizer(model: torch.nn.Module, optimizer, trainable=None):
     ``trainable`` is a list of parameter names, or a scheme's selection (training/scheme.py:
     name -> None or {"axis", "index"}); channel-selected parameters are stepped by
     ``ChannelSparse``."""
-    named = dict(model.named_parameters())
-    selection = dict.fromkeys(named if trainable is None else trainable)
+    # a tied parameter (GPT-2's head and embeddings) under each of its names: the compiled
+    # step knows it by the one its export kept
+    named = dict(model.named_parameters(remove_duplicate=False))
+    selection = dict.fromkeys(dict(model.named_parameters()) if trainable is None else trainable)
     if isinstance(trainable, dict):
         selection.update(trainable)
-    for name, param in named.items():
-        param.requires_grad_(name in selection)
+    chosen = {id(named[name]) for name in selection}
+    for param in named.values():
+        param.requires_grad_(id(param) in chosen)
     if any(selection.values()):
         return ChannelSparse(named, selection, lambda params: _torch_optimizer(params, optimizer))
     return _torch_optimizer([named[n] for n in selection], optimizer)
@@ -96,12 +101,28 @@ def _tensors(batch) -> list[torch.Tensor]:
             for b in batch]
 
 
-def train_step(model: torch.nn.Module, optimizer, *batch) -> float:
-    """One step on ``batch`` (the model's inputs, then the labels): cross-entropy of the logits,
-    as the compiled step's loss; returns the loss."""
+def task_loss(task: str, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss of a model ``task`` (pipelines/config.py: TASKS), as PyTorch and transformers
+    write it; the compiled step's is training/loss.py."""
+    cross_entropy = torch.nn.functional.cross_entropy
+    if task == "classification":
+        return cross_entropy(output, labels, ignore_index=IGNORE_INDEX)
+    if task == "causal_lm":  # position t predicts token t+1
+        return cross_entropy(output[:, :-1].flatten(0, 1), labels[:, 1:].flatten(),
+                             ignore_index=IGNORE_INDEX)
+    if task == "masked_lm":
+        return cross_entropy(output.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+    if task == "regression":
+        return torch.nn.functional.mse_loss(output, labels)
+    raise ValueError(f"task {task!r}")
+
+
+def train_step(model: torch.nn.Module, optimizer, *batch, task: str = "classification") -> float:
+    """One step on ``batch`` (the model's inputs, then the labels): the ``task``'s loss, as the
+    compiled step's; returns the loss."""
     *inputs, labels = _tensors(batch)
     optimizer.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.cross_entropy(model(*inputs), labels)
+    loss = task_loss(task, model(*inputs), labels)
     loss.backward()
     optimizer.step()
     return loss.item()

@@ -18,14 +18,14 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 from tvm.relax.training import AppendLoss
-from tvm.relax.training.loss import CrossEntropyLoss
 
 from pipelines.config import ConfigError
 from pipelines.ir import dtype_of, shape_of, tensor_type
 from pipelines.training import rules
+from pipelines.training.loss import loss_function
 from pipelines.training.optimizers import UPDATE_PREFIX
 
-LABELS = "labels"  # the step's input after the model's own: one class per row of logits
+LABELS = "labels"  # the step's input after the model's own: what the loss scores (loss.py)
 
 
 class MissingGradientRule(ConfigError):
@@ -33,10 +33,12 @@ class MissingGradientRule(ConfigError):
 
 
 def build_train_step(main: relax.Function, num_params: int, optimizer,
-                     origins: dict[str, str] | None = None) -> tuple[relax.Function, dict]:
+                     origins: dict[str, str] | None = None,
+                     task: str = "classification") -> tuple[relax.Function, dict]:
     """``main(*inputs, *params, *buffers) -> (logits, *new_buffers)`` -> the training step.
 
-    ``optimizer`` is one of training/optimizers.py. ``origins`` maps binding names to the
+    ``optimizer`` is one of training/optimizers.py; ``task`` picks the loss and the labels
+    (training/loss.py). ``origins`` maps binding names to the
     source layer they came from (for error messages). Returns the function and its signature:
     input and output names in order (``data``: the model's inputs and the labels), and what
     each optimizer-state input holds. Precondition: take indices are 1-D
@@ -57,19 +59,15 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
     if any(x.name == LABELS for x in inputs):
         raise ConfigError(f"the model takes an input named {LABELS!r}; the training step's "
                           "labels are its own input of that name: rename the model's")
-    logits_type = main.body.body.fields[0].ty
-    batch = int(logits_type.shape.values[0])
-
-    mod = tvm.IRModule({"main": main})
-    loss = CrossEntropyLoss(reduction="mean")(logits_type, tensor_type([batch], "int64"))
-    mod = AppendLoss("main", loss, num_backbone_outputs=1)(mod)
+    loss, labels_type = loss_function(task, main.body.body.fields[0].ty)
+    mod = AppendLoss("main", loss, num_backbone_outputs=1)(tvm.IRModule({"main": main}))
     loss_fn = mod["main_loss"]
     mod = relax.transform.Gradient(
         "main_loss", require_grads=list(loss_fn.params[count:count + num_params]),
         target_index=0)(mod)
     adjoint = mod.get_global_var("main_loss_adjoint")
 
-    y = relax.Var(LABELS, tensor_type([batch], "int64"))
+    y = relax.Var(LABELS, labels_type)
     sinputs = [relax.Var(x.name, x.ty) for x in inputs]
     sparams = [relax.Var(p.name, p.ty) for p in params]
     sbuffers = [relax.Var(b.name, b.ty) for b in buffers]
@@ -120,7 +118,8 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
     names = data + [p.name for p in sparams + sbuffers + state_vars]
     signature = {
         "data": data,
-        "labels_shape": [batch],  # one label per row of logits (a decoder's: per token)
+        "task": task,
+        "labels_shape": shape_of(y),  # a class per row; a token label per position; a target
         "data_types": {x.name: {"shape": shape_of(x), "dtype": dtype_of(x)}
                        for x in [*sinputs, y]},
         "inputs": names,

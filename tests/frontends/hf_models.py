@@ -100,3 +100,41 @@ def resnet_classifier(batch_size: int):
                                        layer_type="bottleneck", num_labels=LABELS)
     return (ImageLogits(transformers.ResNetForImageClassification(config)),
             {"pixel_values": torch.randn(batch_size, 3, IMAGE, IMAGE)})
+
+
+# Language-model heads: [batch, seq, vocab] logits (Model.task causal_lm / masked_lm), and a
+# one-value regression head (task regression).
+LM = {k: v for k, v in DECODER.items() if k != "num_labels"}
+
+
+def llama_causal_lm(batch_size: int):
+    """LLaMA with grouped-query attention and its language-model head."""
+    return TextLogits(transformers.LlamaForCausalLM(transformers.LlamaConfig(**LM))), \
+        tokens(batch_size)
+
+
+def gpt2_causal_lm(batch_size: int):
+    """GPT-2's language-model head, tied to its input embeddings (one parameter, two uses)."""
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                     n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0)
+    return TextLogits(transformers.GPT2LMHeadModel(config)), tokens(batch_size)
+
+
+def _bert(cls, batch_size: int, **config):
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0, **config)
+    _, inputs = bert_classifier(batch_size)
+    return MaskedTextLogits(cls(config)), inputs
+
+
+def bert_masked_lm(batch_size: int):
+    """BERT's masked-LM head (its decoder tied to the word embeddings), with mask and types."""
+    return _bert(transformers.BertForMaskedLM, batch_size)
+
+
+def bert_regressor(batch_size: int):
+    """BERT with a one-value head: a score per sequence (task regression)."""
+    return _bert(transformers.BertForSequenceClassification, batch_size, num_labels=1)

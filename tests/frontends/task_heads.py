@@ -1,0 +1,29 @@
+"""Tiny PyTorch models, one per task's output shape (pipelines/training/loss.py), as a user's
+model file gives them: ``entry(batch_size)`` -> (module, example inputs by forward's names)."""
+import torch
+
+SEQ, VOCAB, FEATURES = 6, 100, 5  # random_batch draws token ids below 100
+
+
+class TokenLogits(torch.nn.Module):
+    """[batch, seq] token ids -> [batch, seq, vocab] logits: a language model's head's shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 8)
+        self.mix = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, VOCAB)
+
+    def forward(self, input_ids):
+        return self.head(torch.tanh(self.mix(self.embed(input_ids))))
+
+
+def token_logits(batch_size: int):
+    return TokenLogits(), {"input_ids": torch.randint(0, VOCAB, (batch_size, SEQ))}
+
+
+def regressor(batch_size: int):
+    """[batch, features] -> [batch, 2] values."""
+    module = torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(),
+                                 torch.nn.Linear(8, 2))
+    return module, {"input": torch.randn(batch_size, FEATURES)}
