@@ -310,6 +310,11 @@ class Params(Strict):
                                                 or model.data.kind == "tokens"):
                 raise ValueError(f"cases.{name}.evaluate has finetune, but model {case.model!r} "
                                  "has no fine-tuning task (finetune: and data with a test split)")
+            if "finetune" in case.evaluate and model.task != "classification":
+                # fine-tuning scores test accuracy: one class per example
+                raise ValueError(f"cases.{name}.evaluate has finetune, but model {case.model!r} "
+                                 f"has task {model.task!r}; finetune scores classification "
+                                 "models; allowed evaluate for it: ['speed']")
         for name in self.deploy:
             if name not in self.cases:
                 raise ValueError(f"deploy names {name!r}; allowed: {sorted(self.cases)}")

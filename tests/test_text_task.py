@@ -51,6 +51,9 @@ def test_tokens_are_the_models_vocabulary_with_cls_sep_and_padding():
 @pytest.mark.parametrize("override, message", [
     ("cases.minilm_lora.model=llama_tiny",
      "cases.minilm_lora.evaluate has finetune, but model 'llama_tiny' has no fine-tuning task"),
+    ("models.minilm.task=regression",
+     "cases.minilm_full.evaluate has finetune, but model 'minilm' has task 'regression'"),
+    ("models.minilm.task=translation", "models.minilm.task='translation'"),
     ("cases.minilm_lora.model=bert", "cases.minilm_lora.model='bert'; allowed: "),
     ("cases.minilm_lora.scheme=minilm_papr", "cases.minilm_lora.scheme='minilm_papr'; allowed: "),
     ("cases.minilm_lora.optimizer=lion", "cases.minilm_lora.optimizer='lion'; allowed: "),

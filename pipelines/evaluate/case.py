@@ -71,7 +71,8 @@ def first_losses(model, build: Path, initial: dict, optimizer, x, y) -> tuple[li
     twin = torch_twin(model, compiled.signature, initial)
     update = make_optimizer(twin, optimizer, selection_of(compiled.signature))
     return ([compiled.step(x, y) for _ in range(CHECKED_STEPS)],
-            [train_step(twin, update, x, y) for _ in range(CHECKED_STEPS)])
+            [train_step(twin, update, x, y, task=compiled.signature["task"])
+             for _ in range(CHECKED_STEPS)])
 
 
 def evaluate_case(name: str, case, model, optimizer, benchmark, cores: int, build: Path,

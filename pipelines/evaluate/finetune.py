@@ -64,7 +64,8 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
                               f"{name}: fine-tuning epoch {epoch + 1}/{epochs}"):
             bx, by = step_batch(signature, x[index], y[index])
             losses.append({"step": len(losses) + 1, "compiled": compiled.step(bx, by),
-                           "pytorch": train_step(reference, update, bx, by)})
+                           "pytorch": train_step(reference, update, bx, by,
+                                                 task=signature["task"])})
             if len(losses) == CHECKED_STEPS:
                 check_first_losses(name, losses)
         curve.append({"epoch": epoch + 1,

@@ -72,7 +72,7 @@ def run_case(case: str, spec: Spec) -> dict:
         net = torch.compile(model) if case == "torch_compile_full" else model
 
         def step():
-            train_step(net, opt, tx, ty)
+            train_step(net, opt, tx, ty, task=compiled.signature["task"])
 
     # The same wall-clock loop for every case; the peak counts from before the first step,
     # because warm-up allocates too.
