@@ -129,6 +129,17 @@ def test_strided_slice_matches_autograd(axes, begin, end):
     np.testing.assert_allclose(got[0], want[0], **TOL)
 
 
+def test_constant_pad_matches_autograd():
+    """Keras's ZeroPadding2D: a constant pad, unequal on the two sides of an axis."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 4, 5)).astype("float32")
+    widths = [0, 0, 0, 0, 0, 1, 2, 1]  # relax order: (low, high) per axis
+    w = rng.standard_normal((2, 3, 5, 8)).astype("float32")
+    got = relax_grads(lambda a: relax.op.nn.pad(a, widths, "constant", 0.0), [x.shape], [x], w)
+    want = torch_grads(lambda a: torch.nn.functional.pad(a, (2, 1, 0, 1)), [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
 def test_depthwise_conv_gradient_matches_autograd():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 6, 9, 9)).astype("float32")

@@ -148,6 +148,7 @@ class _Importer(StableHLOImporter):
             "stablehlo.reduce": self._reduce_op,
             "stablehlo.reduce_window": self._pool,
             "stablehlo.transpose": self._transpose,
+            "stablehlo.pad": self._pad,
             "stablehlo.tanh": self._unary(relax.op.tanh),
             "stablehlo.logistic": self._unary(relax.op.sigmoid),
             "stablehlo.log": self._unary(relax.op.log),
@@ -173,7 +174,10 @@ class _Importer(StableHLOImporter):
 
     def _convert(self, node):
         value = self.retrieve_operands(node)[0]
-        return self._emit(relax.op.astype(value, self._convert_data_type(node.result.type)))
+        dtype = self._convert_data_type(node.result.type)
+        if getattr(value, "value", None) is not None:  # a constant, folded (a pad's fill)
+            return relax.const(value.value.numpy().astype(dtype))
+        return self._emit(relax.op.astype(value, dtype))
 
     COMPARISONS = {"EQ": relax.op.equal, "NE": relax.op.not_equal, "LT": relax.op.less,
                    "LE": relax.op.less_equal, "GT": relax.op.greater,
@@ -304,6 +308,18 @@ class _Importer(StableHLOImporter):
         if not _is_identity(init, identity):
             raise NotImplementedError(f"reduce with {reducer} from a non-identity init value")
         return self._emit(op(value, axis=dims))
+
+    def _pad(self, node):
+        """pad with a constant (Keras's ZeroPadding2D): low and high edges, no interior."""
+        value, fill = self.retrieve_operands(node)
+        attrs = node.attributes
+        low, high = _ints(attrs["edge_padding_low"]), _ints(attrs["edge_padding_high"])
+        interior = _ints(attrs["interior_padding"]) if "interior_padding" in attrs else []
+        if any(interior) or min(low + high) < 0 or getattr(fill, "value", None) is None:
+            raise NotImplementedError("pad: only a constant value on the edges, widths >= 0")
+        widths = [w for pair in zip(low, high) for w in pair]
+        return self._emit(relax.op.nn.pad(value, widths, "constant",
+                                          float(fill.value.numpy())))
 
     def _pool(self, node):
         """reduce_window with maximum over two spatial axes: max pooling."""

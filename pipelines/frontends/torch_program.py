@@ -101,6 +101,22 @@ def _tied_parameters(program: torch.export.ExportedProgram) -> dict[str, str]:
     return tied
 
 
+PADDING_ROWS = "padding_rows"  # main's attribute: {embedding weight: its padding_idx row}
+
+
+def _padding_rows(program: torch.export.ExportedProgram, parameters: set) -> dict[str, int]:
+    """{input name: row}: embeddings whose ``padding_idx`` row PyTorch never updates (its
+    gradient is zero; transformers sets it to the pad token). TVM's converter reads the
+    embedding as a plain take, whose gradient would reach that row."""
+    rows = {}
+    for node in program.graph.nodes:
+        if (node.op == "call_function" and node.target is torch.ops.aten.embedding.default
+                and len(node.args) > 2 and int(node.args[2]) >= 0
+                and getattr(node.args[0], "name", None) in parameters):
+            rows[node.args[0].name] = int(node.args[2])
+    return rows
+
+
 def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, dict, dict]:
     """Translate; return ``main``, the name table {relax name: (kind, torch name)} and the
     origin table {binding name: PyTorch module}. ``main``'s attribute ``num_input`` counts the
@@ -131,6 +147,9 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
         if var.name not in names:
             raise ValueError(f"batch norm statistic {var.name} is not a buffer of the model")
     func = with_buffers(main, state.updates)
+    padding = _padding_rows(program, {k for k, (kind, _) in names.items() if kind == "parameter"})
+    if padding:
+        func = func.with_attr(PADDING_ROWS, {tied.get(k, k): v for k, v in padding.items()})
     if tied:  # each tied name reads the first one's input, which it no longer has
         inputs = {p.name: p for p in func.params}
         func = func.bind_params({inputs[name]: inputs[first] for name, first in tied.items()})

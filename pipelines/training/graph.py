@@ -15,6 +15,7 @@ same dataflow block, inline the adjoint.
 """
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.training import AppendLoss
@@ -59,6 +60,8 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
     if any(x.name == LABELS for x in inputs):
         raise ConfigError(f"the model takes an input named {LABELS!r}; the training step's "
                           "labels are its own input of that name: rename the model's")
+    # embedding weights whose padding row PyTorch never updates (frontends/torch_program.py)
+    padding = {str(k): int(v) for k, v in (main.attrs or {}).get("padding_rows", {}).items()}
     loss, labels_type = loss_function(task, main.body.body.fields[0].ty)
     mod = AppendLoss("main", loss, num_backbone_outputs=1)(tvm.IRModule({"main": main}))
     loss_fn = mod["main_loss"]
@@ -99,6 +102,8 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
             new_params, new_state = [], {}
             for i, (w, slots) in enumerate(zip(sparams, per_param)):
                 g = bb.emit(relax.TupleGetItem(grads, i))
+                if w.name in padding:  # PyTorch's padding_idx row gets no gradient
+                    g = bb.emit(relax.op.multiply(g, _row_mask(w, padding[w.name])))
                 nw, ns = optimizer.update(bb, w.name, w, g, slots, factors)
                 new_params.append(bb.emit_output(nw, name_hint=f"{UPDATE_PREFIX}{w.name}"))
                 for slot, var in slots.items():
@@ -128,3 +133,10 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
         "optimizer": {"torch_class": optimizer.torch_class, "kwargs": optimizer.torch_kwargs()},
     }
     return step, signature
+
+
+def _row_mask(weight: relax.Var, row: int) -> relax.Expr:
+    """[rows, 1]: 1, but 0 at ``row``; times a gradient, it leaves ``row`` out of the update."""
+    mask = np.ones((shape_of(weight)[0], 1), dtype_of(weight))
+    mask[row] = 0
+    return relax.const(mask)

@@ -2,7 +2,7 @@
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
 embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU; Hugging
 Face transformers: index_tensor (a classifier reading each sequence's last token), max/min and
-tril (attention masks)).
+tril (attention masks); Keras: pad (ZeroPadding2D)).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
 Rules are registered once, on import; a rule TVM later ships itself is left in place. Then every
@@ -18,8 +18,8 @@ import tvm
 from tvm import relax
 from tvm.relax.op import (add, astype, broadcast_to, collapse_sum_to, divide, equal, erf, exp,
                           expand_dims, greater, less, logical_and, mean, multiply, reshape,
-                          scatter_nd, sqrt, stack, subtract, sum as rsum, tanh, tril, variance,
-                          where, zeros_like)
+                          scatter_nd, sqrt, stack, strided_slice, subtract, sum as rsum, tanh,
+                          tril, variance, where, zeros_like)
 from tvm.relax.op.base import register_gradient
 from tvm.relax.op.nn import pad as pad_zeros
 from tvm.relax.op._op_gradient import no_grad
@@ -105,6 +105,20 @@ def strided_slice_grad(orig_var, orig_call, output_grad, ctx):
         pad[axis] = [b, dims[axis] - e]
     return [pad_zeros(output_grad, [p for pair in pad for p in pair])] + [
         no_grad(arg) for arg in orig_call.args[1:]]
+
+
+def pad_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x padded with a constant (low, high per axis, both >= 0): dx is dy without the
+    padding, the slice where x sits."""
+    x = orig_call.args[0]
+    widths = [int(w) for w in orig_call.attrs.pad_width]
+    if orig_call.attrs.pad_mode != "constant" or min(widths) < 0:
+        raise NotImplementedError("pad gradient: only constant padding of widths >= 0 (got "
+                                  f"{orig_call.attrs.pad_mode!r}, {widths})")
+    dims = shape_of(x)
+    low = widths[0::2]
+    return [strided_slice(output_grad, list(range(len(dims))), low,
+                          [b + d for b, d in zip(low, dims)])]
 
 
 def index_tensor_grad(orig_var, orig_call, output_grad, ctx):
@@ -216,6 +230,7 @@ RULES = {
     "relax.nn.batch_norm": batch_norm_grad,
     "relax.rsqrt": rsqrt_grad,
     "relax.strided_slice": strided_slice_grad,
+    "relax.nn.pad": pad_grad,
     "relax.index_tensor": index_tensor_grad,
     "relax.max": extremum_grad,
     "relax.min": extremum_grad,

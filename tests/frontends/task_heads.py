@@ -10,7 +10,7 @@ class TokenLogits(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, 8)
+        self.embed = torch.nn.Embedding(VOCAB, 8, padding_idx=0)  # PyTorch never updates row 0
         self.mix = torch.nn.Linear(8, 8)
         self.head = torch.nn.Linear(8, VOCAB)
 
