@@ -108,11 +108,28 @@ def _stages_with_changed_params(repo) -> set[str]:
     return changed
 
 
+def _lock_with_current_params(repo) -> None:
+    """dvc.lock as if every stage had run with params.yaml as it is: each stage's recorded
+    params are the values of the keys dvc.yaml gives it (read by DVC). The question here is
+    which stages a change reruns, not whether the committed lock is current."""
+    from dvc.repo import Repo
+
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    with Repo(str(repo)) as dvc:
+        for stage in dvc.index.stages:
+            entry = lock["stages"].setdefault(stage.name, {"cmd": stage.cmd})
+            entry.pop("params", None)
+            for dep in stage.params:
+                entry.setdefault("params", {})[dep.def_path] = dep.read_params()
+    (repo / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+
+
 @pytest.mark.skipif(not (ROOT / "dvc.lock").exists(), reason="no dvc.lock committed")
 def test_a_changed_scheme_reruns_only_its_cases(tmp_path):
     repo = _scratch_copy(tmp_path)
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    assert _stages_with_changed_params(repo) == set(), "params.yaml differs from dvc.lock"
+    _lock_with_current_params(repo)
+    assert _stages_with_changed_params(repo) == set()
     params["schemes"]["mbv2_channels"]["rules"][0]["channels"] = 0.5
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     cases = sorted(n for n, c in params["cases"].items() if c["scheme"] == "mbv2_channels")
