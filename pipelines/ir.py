@@ -90,6 +90,9 @@ def load_ir(path: Path) -> tvm.IRModule:
 # attribute, so the passes that need it are plain module -> module passes. On disk it is
 # signature.json beside the TVMScript (save_ir and load_ir), which stays free of it.
 SIGNATURE = "pock_signature"
+# A lowered main's attribute, {embedding weight: row}: the row its frontend's framework never
+# updates (PyTorch's padding_idx); the training step leaves it out of the gradient.
+PADDING_ROWS = "pock_padding_rows"
 
 
 def signature_of(mod: tvm.IRModule) -> dict:

@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
 from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
-from pipelines.ir import dtype_of, shape_of, tensor_type
+from pipelines.ir import PADDING_ROWS, dtype_of, shape_of, tensor_type
 
 
 @dataclass
@@ -99,9 +99,6 @@ def _tied_parameters(program: torch.export.ExportedProgram) -> dict[str, str]:
             else:
                 first[key] = spec.arg.name
     return tied
-
-
-PADDING_ROWS = "padding_rows"  # main's attribute: {embedding weight: its padding_idx row}
 
 
 def _padding_rows(program: torch.export.ExportedProgram, parameters: set) -> dict[str, int]:

@@ -21,7 +21,7 @@ from tvm import relax
 from tvm.relax.training import AppendLoss
 
 from pipelines.config import ConfigError
-from pipelines.ir import dtype_of, shape_of, tensor_type
+from pipelines.ir import PADDING_ROWS, dtype_of, shape_of, tensor_type
 from pipelines.training import rules
 from pipelines.training.loss import loss_function
 from pipelines.training.optimizers import UPDATE_PREFIX
@@ -61,7 +61,7 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
         raise ConfigError(f"the model takes an input named {LABELS!r}; the training step's "
                           "labels are its own input of that name: rename the model's")
     # embedding weights whose padding row PyTorch never updates (frontends/torch_program.py)
-    padding = {str(k): int(v) for k, v in (main.attrs or {}).get("padding_rows", {}).items()}
+    padding = {str(k): int(v) for k, v in (main.attrs or {}).get(PADDING_ROWS, {}).items()}
     loss, labels_type = loss_function(task, main.body.body.fields[0].ty)
     mod = AppendLoss("main", loss, num_backbone_outputs=1)(tvm.IRModule({"main": main}))
     loss_fn = mod["main_loss"]
