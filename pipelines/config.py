@@ -196,6 +196,9 @@ class Model(Strict):
     entry: str | None = None  # torch, jax: the function in ``source`` that builds the model
     kwargs: dict[str, Any] = {}  # passed to ``entry``
     batch_size: PositiveInt
+    # onnx: sizes of the inputs' symbolic dimensions other than the batch, by the names the
+    # export gave them ({sequence: 128}); a compiled step has static shapes
+    dims: dict[str, PositiveInt] = {}
     data: Data | None = None  # none: the model is compiled and timed, not trained on data
     pretrain: Pretrain | None = None
     finetune: Finetune | None = None

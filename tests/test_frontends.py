@@ -404,15 +404,16 @@ def test_a_model_file_imports_deterministically_without_a_pytorch_module(tmp_pat
         torch_twin(model, {}, {})
 
 
-def tiny_graph(op: str, path, inputs=("x",)):
+def tiny_graph(op: str, path, inputs=("x",), shape=(2, 4)):
     """A small ONNX model: ``logits = op(MatMul(x, w))`` with a 4x4 weight initializer ``w``
-    (the op's node is named my_<op>), ``x`` plus any further ``inputs``."""
+    (the op's node is named my_<op>), ``x`` plus any further ``inputs``, of ``shape`` (names
+    for dynamic dimensions)."""
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="linear"),
              helper.make_node(op, ["y", *inputs[1:]], ["logits"], name=f"my_{op.lower()}")]
     graph = helper.make_graph(
         nodes, "g",
-        [helper.make_tensor_value_info(i, TensorProto.FLOAT, [2, 4]) for i in inputs],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info(i, TensorProto.FLOAT, list(shape)) for i in inputs],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, list(shape))],
         [helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.eye(4, dtype="float32").ravel())])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
@@ -429,9 +430,15 @@ def test_onnx_bad_input_is_named(tmp_path):
     celu = load_onnx(tiny_graph("Celu", tmp_path / "celu.onnx"))
     with pytest.raises(ConfigError, match=r"celu\.onnx: .*Celu \(node 'my_celu'\)"):
         check_supported(celu.graph, tmp_path / "celu.onnx")
-    two = load_onnx(tiny_graph("Add", tmp_path / "two.onnx", inputs=("x", "z")))
-    with pytest.raises(ConfigError, match=r"two\.onnx: .*takes \['x', 'z'\]"):
+    # Several inputs are the step's inputs, in order; a dynamic dimension other than the
+    # batch is bound by name from the model's dims, or named in the error.
+    two = load_onnx(tiny_graph("Add", tmp_path / "two.onnx", inputs=("x", "z"),
+                               shape=["batch", "width"]))
+    with pytest.raises(ConfigError, match=r"two\.onnx: input 'x' has a dynamic dimension "
+                                          r"'width' at axis 1; bind it .*dims: \{width: "):
         prepare(two, 2, tmp_path / "two.onnx")
+    func, _, _ = translate_onnx(prepare(two, 2, tmp_path / "two.onnx", {"width": 4}))
+    assert [p.name for p in func.params[:int(func.attrs["num_input"])]] == ["x", "z"]
 
 
 def test_onnx_op_without_gradient_rule_names_the_node(tmp_path):

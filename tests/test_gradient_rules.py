@@ -140,6 +140,24 @@ def test_constant_pad_matches_autograd():
     np.testing.assert_allclose(got[0], want[0], **TOL)
 
 
+def test_where_reduces_a_broadcast_operands_gradient_to_its_shape():
+    """An attention mask's fill: a 0-d value broadcast over the scores (ONNX exports keep it
+    an initializer); and a row broadcast over a matrix."""
+    rng = np.random.default_rng(6)
+    cond = rng.random((3, 4)) > 0.5
+    x = rng.standard_normal((3, 4)).astype("float32")
+    fill, row = np.float32(-2.0), rng.standard_normal((1, 4)).astype("float32")
+    w = rng.standard_normal((3, 4)).astype("float32")
+    c = relax.const(cond)
+    got = relax_grads(lambda a, b: relax.op.where(c, a, b), [x.shape, []], [x, fill], w)
+    want = torch_grads(lambda a, b: torch.where(torch.tensor(cond), a, b), [x, fill], w)
+    assert got[1].shape == ()
+    np.testing.assert_allclose(got[1], want[1], **TOL)
+    got = relax_grads(lambda a, b: relax.op.where(c, a, b), [row.shape, x.shape], [row, x], w)
+    want = torch_grads(lambda a, b: torch.where(torch.tensor(cond), a, b), [row, x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
 def test_depthwise_conv_gradient_matches_autograd():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 6, 9, 9)).astype("float32")

@@ -18,7 +18,7 @@ import torch
 from conftest import assert_steps_match, task_labels
 
 from pipelines.compile import compile
-from pipelines.config import SGD, Model
+from pipelines.config import SGD, ConfigError, Model
 from pipelines.frontends.torch_module import load_module
 
 pytest.importorskip("transformers")
@@ -124,6 +124,43 @@ def test_language_model_and_regression_heads_step_like_pytorch(tmp_path, host_pr
     names = compiled.signature["source_names"]
     trainable = {names[p] for p in compiled.signature["trainable"]}
     assert [n for n in trainable if not torch.equal(before[n], after[n])], "nothing updated"
+
+
+@pytest.mark.slow
+def test_an_onnx_export_with_mask_and_token_types_takes_all_three_inputs(tmp_path, host_profile):
+    """BERT as torch.onnx's default (dynamo) exporter writes it: three inputs (ids, mask, token
+    types), each a step input in the file's order, the batch bound from batch_size. The
+    step's first loss is PyTorch's for the same batch, and the step trains. (The optimized
+    export renames and transposes most weights, val_NNN: their update is not compared by name
+    here; see docs/frontends.md.)"""
+    from pipelines.models.torch_twin import task_loss
+    from pipelines.runtime.step import CompiledStep
+
+    torch_model = Model(frontend="torch", source=SOURCE, entry="bert_classifier",
+                        batch_size=BATCH)
+    torch.manual_seed(0)
+    module, example = load_module(torch_model)
+    path = tmp_path / "bert.onnx"
+    export = dict(dynamo=True, input_names=list(example), output_names=["logits"])
+    # With a dynamic batch, the graph computes shapes that TVM's importer cannot: named.
+    torch.onnx.export(module, tuple(example.values()), tmp_path / "dynamic.onnx",
+                      dynamic_shapes=({0: "batch"},) * 3, **export)
+    with pytest.raises(ConfigError, match=r"dynamic\.onnx: node '.*' \(Reshape\) cannot be "
+                                          r"converted: .*export with static shapes"):
+        compile(Model(frontend="onnx", source=str(tmp_path / "dynamic.onnx"),
+                      batch_size=BATCH), FULL, OPT, host_profile, tmp_path / "dynamic")
+    torch.onnx.export(module, tuple(example.values()), path, **export)
+    compiled = compile(Model(frontend="onnx", source=str(path), batch_size=BATCH), FULL, OPT,
+                       host_profile, tmp_path / "build")
+    assert compiled.signature["data"] == [*example, "labels"]
+    step = CompiledStep(compiled.directory, compiled.initial)
+    batch = batches(torch_model)[0]
+    with torch.no_grad():
+        logits = module(*(torch.from_numpy(b) for b in batch[:-1]))
+    want = task_loss("classification", logits, torch.from_numpy(batch[-1])).item()
+    losses = [step.step(*batch) for _ in range(3)]
+    assert losses[0] == pytest.approx(want, rel=1e-5)
+    assert losses[2] < losses[0]
 
 
 def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):

@@ -51,7 +51,7 @@ def import_model(model, weights: Path, out: Path) -> str:
 
         from pipelines.frontends.onnx import check_supported, load_onnx, prepare, trainable
 
-        proto = prepare(load_onnx(source), model.batch_size, source)
+        proto = prepare(load_onnx(source), model.batch_size, source, model.dims)
         check_supported(proto.graph, source)
         onnx.save(proto, str(out / "model.onnx"))
         layers = describe_onnx(proto, trainable(proto), model.blocks)
@@ -73,7 +73,7 @@ def lower_model(model, imported: Path):
         from pipelines.frontends.onnx import initial_values, load_onnx, translate_onnx
 
         proto = load_onnx(imported / "model.onnx")
-        func, names, origins = translate_onnx(proto, imported / "model.onnx")
+        func, names, origins = translate_onnx(proto, model.source)  # errors name the user's file
         return func, names, origins, initial_values(proto, names)
     from pipelines.frontends.jax import lower_stablehlo
 

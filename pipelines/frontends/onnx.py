@@ -76,25 +76,42 @@ def is_float(tensor: onnx.TensorProto) -> bool:
                                 onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
-def graph_input(model: onnx.ModelProto, source="model"):
-    """The model's one data input (initializers aside), or an error."""
+def graph_inputs(model: onnx.ModelProto, source="model") -> list:
+    """The model's data inputs (initializers aside), in order; an error unless it gives one
+    output (the logits)."""
     graph = model.graph
     inits = {t.name for t in graph.initializer}
     inputs = [i for i in graph.input if i.name not in inits]
-    if len(inputs) != 1 or len(graph.output) != 1:
-        raise ConfigError(f"{source}: a model to fine-tune takes one input and gives one output "
+    if not inputs or len(graph.output) != 1:
+        raise ConfigError(f"{source}: a model to fine-tune takes inputs and gives one output "
                           f"(logits); this one takes {[i.name for i in inputs]} and gives "
                           f"{[o.name for o in graph.output]}")
-    return inputs[0]
+    return inputs
 
 
-def prepare(model: onnx.ModelProto, batch_size: int, source="model") -> onnx.ModelProto:
-    """``model`` as the import stage saves it: its input's symbolic (dynamic) dimensions set to
-    ``batch_size`` (a compiled step has static shapes) and shared initializers undone."""
+def prepare(model: onnx.ModelProto, batch_size: int, source="model",
+            dims: dict | None = None) -> onnx.ModelProto:
+    """``model`` as the import stage saves it, with static shapes (a compiled step has them):
+    each input's symbolic first dimension set to ``batch_size``, any other symbolic dimension
+    to its value in ``dims`` (by the name the export gave it, e.g. ``sequence``); and shared
+    initializers undone. A symbolic dimension ``dims`` does not bind is an error naming it."""
     model = undo_shared_initializers(model)
-    for dim in graph_input(model, source).type.tensor_type.shape.dim:
-        if not dim.HasField("dim_value"):
-            dim.dim_value = batch_size
+    dims = dims or {}
+    for data in graph_inputs(model, source):
+        for axis, dim in enumerate(data.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value"):
+                continue
+            if axis == 0:
+                dim.dim_value = batch_size
+            elif dim.dim_param in dims:
+                dim.dim_value = dims[dim.dim_param]
+            else:
+                raise ConfigError(
+                    f"{source}: input {data.name!r} has a dynamic dimension "
+                    f"{dim.dim_param or '(unnamed)'!r} at axis {axis}; bind it in the model's "
+                    f"config: dims: {{{dim.dim_param or '<name>'}: <size>}} (e.g. "
+                    f"models.<model>.dims.{dim.dim_param or 'sequence'}=128); axis 0 takes "
+                    "batch_size")
     return model
 
 
@@ -124,8 +141,9 @@ class _Importer(ONNXGraphImporter):
     """TVM's importer with trainable initializers, training-mode batch norm, and a record of the
     ONNX node behind every Relax var it returns."""
 
-    def __init__(self, shape_dict: dict, buffers: list[str]):
+    def __init__(self, shape_dict: dict, buffers: list[str], source="model"):
         super().__init__(shape_dict, "float32", keep_params_in_input=True, sanitize=True)
+        self.source = source
         self.buffer_names = set(buffers)
         self.names: dict[str, tuple[str, str]] = {}  # relax name -> (kind, ONNX name)
         self.buffer_vars: dict[str, relax.Var] = {}
@@ -157,7 +175,16 @@ class _Importer(ONNXGraphImporter):
             # TVM emits Clip as TE kernels (no gradient); with constant bounds it is R.clip.
             value = self.bb.emit(relax.op.clip(inputs[0], *bounds))
         else:
-            value = super()._convert_operator(op_name, inputs, attrs, opset)
+            try:
+                value = super()._convert_operator(op_name, inputs, attrs, opset)
+            except (RuntimeError, ValueError) as err:  # TVM raises InternalError, a RuntimeError
+                # TVM's importer fails on shapes it cannot compute ahead of time (a Reshape to
+                # a shape the graph computes from a dynamic dimension, among others)
+                raise ConfigError(
+                    f"{self.source}: node {node!r} ({op_name}) cannot be converted: "
+                    f"{str(err).strip().splitlines()[-1][:300]}; if the graph computes shapes "
+                    "from a dynamic dimension, export with static shapes (torch.onnx.export "
+                    "without dynamic_shapes / dynamic_axes)") from err
         if isinstance(value, relax.Call):  # bound here, so its var names this node
             value = self.bb.emit(value)
         if isinstance(value, relax.Var):
@@ -199,19 +226,21 @@ def translate_onnx(model: onnx.ModelProto, source="model") -> tuple[relax.Functi
     ``model`` is ``prepare``d."""
     graph = model.graph
     check_supported(graph, source)
-    data = graph_input(model, source)
-    shape = [d.dim_value if d.HasField("dim_value") else None
-             for d in data.type.tensor_type.shape.dim]
-    if None in shape:
-        raise ConfigError(f"{source}: input {data.name!r} has a dynamic dimension; prepare() "
-                          "sets the batch")
+    shapes = {}
+    for data in graph_inputs(model, source):
+        shape = [d.dim_value if d.HasField("dim_value") else None
+                 for d in data.type.tensor_type.shape.dim]
+        if None in shape:
+            raise ConfigError(f"{source}: input {data.name!r} has a dynamic dimension; "
+                              "prepare() binds them")
+        shapes[data.name] = shape
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    importer = _Importer({data.name: shape}, statistics(graph))
-    main = importer.from_onnx(graph, opset)["main"]
+    importer = _Importer(shapes, statistics(graph), source)
+    main = importer.from_onnx(graph, opset)["main"].with_attr("num_input", len(shapes))
     # The buffers join the inputs in the order their updates were met (the step returns them
     # in that order).
     func = with_buffers(main, importer.updates)
-    names = {v.name: importer.names[v.name] for v in func.params[1:]}
+    names = {v.name: importer.names[v.name] for v in func.params[len(shapes):]}
     return func, names, origins_of(func, importer.produced)
 
 

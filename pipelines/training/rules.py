@@ -1,4 +1,4 @@
-"""Gradient rules that TVM 0.27's Relax lacks and the reference models need (MobileNetV2:
+"""Gradient rules that TVM 0.27's Relax lacks (or gets wrong: where, REPLACED) and the reference models need (MobileNetV2:
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
 embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU; Hugging
 Face transformers: index_tensor (a classifier reading each sequence's last token), max/min and
@@ -241,6 +241,21 @@ RULES = {
     "relax.nn.layer_norm": layer_norm_grad,
 }
 
+
+
+def where_grad(orig_var, orig_call, output_grad, ctx):
+    """y = where(c, a, b), a and b broadcast to y's shape (an attention mask's fill value is a
+    0-d tensor): da = where(c, dy, 0) summed back to a's shape, db = where(c, 0, dy) to b's.
+    TVM's rule leaves both y's shape."""
+    cond, a, b = orig_call.args
+    return [no_grad(cond),
+            collapse_sum_to(where(cond, output_grad, relax.const(0, dtype_of(a))), a.ty.shape),
+            collapse_sum_to(where(cond, relax.const(0, dtype_of(b)), output_grad), b.ty.shape)]
+
+
+# TVM's rules replaced by the project's, where they are wrong for an input a model gives
+REPLACED = {"relax.where": where_grad}
+
 _OVERRIDE = 11  # the level our wrappers register at: above the one TVM registers its rules at
 
 
@@ -252,7 +267,7 @@ def register() -> None:
         if op.get_attr("FPrimalGradient") is None:
             register_gradient(op_name, rule)
     for op_name in tvm.ir.Op.list_op_names():
-        rule = tvm.ir.Op.get(op_name).get_attr("FPrimalGradient")
+        rule = REPLACED.get(op_name) or tvm.ir.Op.get(op_name).get_attr("FPrimalGradient")
         if op_name.startswith("relax.") and rule is not None:
             register_gradient(op_name, _float_only(rule), level=_OVERRIDE)
 
