@@ -102,14 +102,17 @@ def _tied_parameters(program: torch.export.ExportedProgram) -> dict[str, str]:
 
 
 def _padding_rows(program: torch.export.ExportedProgram, parameters: set) -> dict[str, int]:
-    """{input name: row}: embeddings whose ``padding_idx`` row PyTorch never updates (its
-    gradient is zero; transformers sets it to the pad token). TVM's converter reads the
-    embedding as a plain take, whose gradient would reach that row."""
+    """{input name: row}: embeddings whose ``padding_idx`` row PyTorch never updates (the
+    lookup passes it no gradient; transformers sets it to the pad token). TVM's converter
+    reads the embedding as a plain take, whose gradient would reach that row. Only a weight
+    the lookup alone reads: where it is also read elsewhere (tied to an LM head), the other
+    use's gradient does reach that row, and masking the row would drop it."""
     rows = {}
     for node in program.graph.nodes:
         if (node.op == "call_function" and node.target is torch.ops.aten.embedding.default
                 and len(node.args) > 2 and int(node.args[2]) >= 0
-                and getattr(node.args[0], "name", None) in parameters):
+                and getattr(node.args[0], "name", None) in parameters
+                and len(node.args[0].users) == 1):
             rows[node.args[0].name] = int(node.args[2])
     return rows
 
@@ -144,9 +147,10 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
         if var.name not in names:
             raise ValueError(f"batch norm statistic {var.name} is not a buffer of the model")
     func = with_buffers(main, state.updates)
-    padding = _padding_rows(program, {k for k, (kind, _) in names.items() if kind == "parameter"})
+    parameters = {k for k, (kind, _) in names.items() if kind == "parameter"}
+    padding = _padding_rows(program, parameters - set(tied) - set(tied.values()))
     if padding:
-        func = func.with_attr(PADDING_ROWS, {tied.get(k, k): v for k, v in padding.items()})
+        func = func.with_attr(PADDING_ROWS, padding)
     if tied:  # each tied name reads the first one's input, which it no longer has
         inputs = {p.name: p for p in func.params}
         func = func.bind_params({inputs[name]: inputs[first] for name, first in tied.items()})

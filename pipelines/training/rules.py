@@ -248,9 +248,14 @@ def where_grad(orig_var, orig_call, output_grad, ctx):
     0-d tensor): da = where(c, dy, 0) summed back to a's shape, db = where(c, 0, dy) to b's.
     TVM's rule leaves both y's shape."""
     cond, a, b = orig_call.args
+
+    def to_shape_of(grad, operand):  # unchanged where nothing was broadcast
+        same = shape_of(operand) == shape_of(orig_var)
+        return grad if same else collapse_sum_to(grad, operand.ty.shape)
+
     return [no_grad(cond),
-            collapse_sum_to(where(cond, output_grad, relax.const(0, dtype_of(a))), a.ty.shape),
-            collapse_sum_to(where(cond, relax.const(0, dtype_of(b)), output_grad), b.ty.shape)]
+            to_shape_of(where(cond, output_grad, relax.const(0, dtype_of(a))), a),
+            to_shape_of(where(cond, relax.const(0, dtype_of(b)), output_grad), b)]
 
 
 # TVM's rules replaced by the project's, where they are wrong for an input a model gives
