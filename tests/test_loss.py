@@ -1,7 +1,8 @@
 """The fused cross-entropy (pipelines/transform/fuse_softmax_cross_entropy.py, its kernel and CPU
 schedule pipelines/kernels/softmax_nll.py): autodiff's loss pattern becomes one kernel call,
 which computes PyTorch's loss (rtol 1e-6) and gradient (rtol 1e-5, atol 1e-7), ignored labels
-included; a pattern with another reader is left as it was."""
+included; a pattern with another reader is left as it was. And each task's loss
+(pipelines/training/loss.py) through a whole step, against PyTorch's."""
 import numpy as np
 import pytest
 import torch
@@ -9,12 +10,12 @@ import tvm
 from tvm import relax, tirx
 
 from pipelines.backend.cpu_schedules import schedule_cpu_kernels
+from pipelines.config import IGNORE_INDEX
 from pipelines.ir import signature_of, tensor_type, with_signature
 from pipelines.kernels.softmax_nll import LOSS_KERNEL
 from pipelines.transform import FuseSoftmaxCrossEntropy
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
-from pipelines.config import IGNORE_INDEX as IGNORE
 
 
 def _autodiff_pattern(rows: int, classes: int, reduction: str, extra_reader: bool = False):
@@ -29,9 +30,9 @@ def _autodiff_pattern(rows: int, classes: int, reduction: str, extra_reader: boo
         with bb.dataflow():
             p = bb.emit(op.nn.log_softmax(z))
             loss = bb.emit_output(op.nn.nll_loss(p, y, reduction=reduction,
-                                                 ignore_index=IGNORE))
+                                                 ignore_index=IGNORE_INDEX))
             dp = bb.emit(op.grad.nll_loss_backward(g, p, y, reduction=reduction,
-                                                   ignore_index=IGNORE))
+                                                   ignore_index=IGNORE_INDEX))
             e = bb.emit(op.exp(p))
             dz = bb.emit(op.subtract(dp, op.multiply(op.sum(dp, axis=[-1], keepdims=True), e)))
             out = bb.emit_output(relax.Tuple([loss, dz, e] if extra_reader else [loss, dz]))
@@ -68,13 +69,13 @@ def test_the_fused_loss_computes_pytorchs_cross_entropy_and_gradient(rows, class
     rng = np.random.default_rng(rows)
     logits = (rng.standard_normal((rows, classes)) * 4).astype("float32")
     labels = rng.integers(0, classes, rows)
-    labels[1] = IGNORE
+    labels[1] = IGNORE_INDEX
     adjoint = np.float32(0.7)
     loss, gradient = _build(fused)(*(tvm.runtime.tensor(a) for a in (
         logits, labels, np.array(adjoint))))
 
     z = torch.tensor(logits, requires_grad=True)
-    want = torch.nn.functional.cross_entropy(z, torch.tensor(labels), ignore_index=IGNORE,
+    want = torch.nn.functional.cross_entropy(z, torch.tensor(labels), ignore_index=IGNORE_INDEX,
                                              reduction=reduction)
     (want * float(adjoint)).backward()
     np.testing.assert_allclose(loss.numpy(), want.item(), rtol=1e-6)
@@ -114,7 +115,7 @@ def test_each_task_steps_like_pytorch_with_its_loss(tmp_path, host_profile, task
     if task != "regression":  # padding tokens (id 0): PyTorch never updates their embedding
         for batch in batches:
             batch[0][:, :2] = 0
-    assert assert_steps_match(compiled, model, optimizer, batches)
+    assert_steps_match(compiled, model, optimizer, batches)
 
 
 @pytest.mark.parametrize("task,shape", [("classification", [4, 3, 7]), ("causal_lm", [4, 7]),
