@@ -48,7 +48,8 @@ def loss_function(task: str, output: relax.TensorType) -> tuple[relax.Function, 
         return CrossEntropyLoss(reduction="mean", ignore_index=IGNORE_INDEX)(output, labels), labels
     if task == "regression":
         return _mean_squared_error(output), output
-    return _token_cross_entropy(output, shifted=task == "causal_lm"), tensor_type(shape[:2], "int64")
+    labels = tensor_type(shape[:2], "int64")
+    return _token_cross_entropy(output, shifted=task == "causal_lm"), labels
 
 
 def _token_cross_entropy(output: relax.TensorType, shifted: bool) -> relax.Function:

@@ -1,11 +1,13 @@
-"""Gradient rules that TVM 0.27's Relax lacks (or gets wrong: where, REPLACED) and the reference models need (MobileNetV2:
+"""Gradient rules that TVM 0.27's Relax lacks and the reference models need (MobileNetV2:
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
 embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU; Hugging
 Face transformers: index_tensor (a classifier reading each sequence's last token), max/min and
-tril (attention masks); Keras: pad (ZeroPadding2D)).
+tril (attention masks); Keras: pad (ZeroPadding2D)), and the one it gets wrong for broadcast
+operands (where: REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
-Rules are registered once, on import; a rule TVM later ships itself is left in place. Then every
+Rules are registered once, on import; a rule TVM later ships itself is left in place (but
+REPLACED ones are replaced). Then every
 rule, TVM's included, is wrapped so that gradients pass between float values only: integer and
 boolean values (positions, masks, shapes) are left out of the gradient.
 """
