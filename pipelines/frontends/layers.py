@@ -45,6 +45,24 @@ def class_kind(class_name: str, shape: list[int], groups: int = 1) -> str:
     return "other"
 
 
+def tied_parameters(program) -> dict[str, str]:
+    """{input name: the input name it is tied to}: parameters that are one tensor under two
+    names (GPT-2's head and input embeddings). torch.export keeps each name as an input; a
+    training step must update one tensor with the sum of both uses' gradients."""
+    from torch.export.graph_signature import InputKind
+
+    first, tied = {}, {}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind is InputKind.PARAMETER:
+            value = program.state_dict[spec.target]  # a loaded program: the storage is shared
+            key = (value.data_ptr(), tuple(value.shape), value.stride())
+            if key in first:
+                tied[spec.arg.name] = first[key]
+            else:
+                first[key] = spec.arg.name
+    return tied
+
+
 def describe_program(program, patterns: list[str] = ()) -> dict:
     """layers.json for a saved torch.export program: its parameters under the program's names,
     each one's kind from the class of the module that used it (the graph's nn_module_stack;
@@ -65,12 +83,10 @@ def describe_program(program, patterns: list[str] = ()) -> dict:
                 groups[module] = int(user.args[6])
             elif user.target is torch.ops.aten.convolution.default:
                 groups[module] = int(user.args[8])
-    params, seen = [], set()
+    tied, params = tied_parameters(program), []
     for spec in specs:
-        value = state[spec.target]
-        if (value.data_ptr(), tuple(value.shape)) in seen:
+        if spec.arg.name in tied:
             continue  # tied (GPT-2's head): the step has it under its first name only
-        seen.add((value.data_ptr(), tuple(value.shape)))
         module = spec.target.rsplit(".", 1)[0] if "." in spec.target else ""
         # a layer's kind is read from its weight (a bias's shape says nothing of the kernel)
         weight = state.get(f"{module}.weight" if module else "weight", state[spec.target])

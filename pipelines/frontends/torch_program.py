@@ -19,6 +19,7 @@ from tvm import relax
 from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
 from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
+from pipelines.frontends.layers import tied_parameters
 from pipelines.ir import PADDING_ROWS, dtype_of, shape_of, tensor_type
 
 
@@ -85,22 +86,6 @@ def _views_as_reshapes(program: torch.export.ExportedProgram) -> None:
     program.graph_module.recompile()
 
 
-def _tied_parameters(program: torch.export.ExportedProgram) -> dict[str, str]:
-    """{input name: the input name it is tied to}: parameters that are one tensor under two
-    names (GPT-2's head and input embeddings). torch.export keeps each name as an input; a
-    training step must update one tensor with the sum of both uses' gradients."""
-    first, tied = {}, {}
-    for spec in program.graph_signature.input_specs:
-        if spec.kind is InputKind.PARAMETER:
-            value = program.state_dict[spec.target]  # a loaded program: the storage is shared
-            key = (value.data_ptr(), tuple(value.shape), value.stride())
-            if key in first:
-                tied[spec.arg.name] = first[key]
-            else:
-                first[key] = spec.arg.name
-    return tied
-
-
 def _padding_rows(program: torch.export.ExportedProgram, parameters: set) -> dict[str, int]:
     """{input name: row}: embeddings whose ``padding_idx`` row PyTorch never updates (the
     lookup passes it no gradient; transformers sets it to the pad token). TVM's converter
@@ -122,7 +107,7 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
     origin table {binding name: PyTorch module}. ``main``'s attribute ``num_input`` counts the
     model's inputs."""
     state, produced = _BufferState(), {}
-    tied = _tied_parameters(program)
+    tied = tied_parameters(program)
     _views_as_reshapes(program)
     # Core ATen ops, as TVM's from_exported_program does (adaptive pooling becomes a mean).
     program = program.run_decompositions()
