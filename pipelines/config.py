@@ -250,6 +250,8 @@ Peer = Literal["torch_eager_full", "torch_eager_frozen", "torch_compile_full"]
 class Benchmark(Strict):
     warmup: NonNegativeInt
     steps: PositiveInt
+    rounds: PositiveInt  # evaluate@ speed: the cases take turns this many times
+    min_seconds: NonNegativeFloat  # evaluate@ speed: each case's timed seconds at least
     peers: list[Peer]  # PyTorch cases timed beside the compiled step, in the same run
 
 

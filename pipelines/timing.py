@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 
 
-def step_times(step, warmup: int, steps: int) -> list[float]:
-    """Milliseconds of each of ``steps`` calls of ``step()``, after ``warmup`` untimed ones."""
+def step_times(step, warmup: int, steps: int, min_seconds: float = 0.0) -> list[float]:
+    """Milliseconds of each timed call of ``step()``, after ``warmup`` untimed ones: at least
+    ``steps`` calls, and more until they took ``min_seconds`` in all (a 1 ms step timed 15
+    times is 15 ms of a noisy machine, which one interruption can double)."""
     for _ in range(warmup):
         step()
     times = []
-    for _ in range(steps):
+    while len(times) < steps or sum(times) < min_seconds * 1e3:
         start = time.perf_counter()
         step()
         times.append((time.perf_counter() - start) * 1e3)

@@ -17,7 +17,8 @@ from pipelines.io import ROOT
 SMALL = ["experiment=model", "model@models.model=mbv2", "models.model.pretrain.epochs=1",
          "models.model.finetune.epochs=1", "cases.model.scheme=mbv2_paper",
          "++cases.model.evaluate=[speed,finetune]", "deploy=[model]", "devices=[android_sd8g2]",
-         "package.devices=[]", "benchmark.warmup=1", "benchmark.steps=3"]
+         "package.devices=[]", "benchmark.warmup=1", "benchmark.steps=3",
+         "benchmark.min_seconds=0.2"]
 
 
 def run(cmd, cwd):

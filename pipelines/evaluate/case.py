@@ -99,7 +99,8 @@ def evaluate_case(name: str, case, model, optimizer, benchmark, cores: int, buil
         with tempfile.TemporaryDirectory(prefix="pock-evaluate-") as tmp:
             save_arrays(Path(tmp) / "batch.npz", {"x": batch[0], "y": batch[1]})
             spec = Spec(cores, benchmark.warmup, benchmark.steps, Path(tmp) / "batch.npz",
-                        build, initial, model, optimizer)
+                        build, initial, model, optimizer, benchmark.rounds,
+                        benchmark.min_seconds)
             peers = list(benchmark.peers) if torch_model else []
             metrics["speed"] = measure(spec, peers, report)
     finetuned = None

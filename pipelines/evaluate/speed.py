@@ -1,13 +1,19 @@
 """Speed and memory of a compiled step against PyTorch, in one run: the compiled step, PyTorch
 eager with full backpropagation, eager with the scheme's frozen layers frozen, and
-`torch.compile`d full backpropagation (the peers ``benchmark.peers`` names), each in a fresh
+`torch.compile`d full backpropagation (the peers ``benchmark.peers`` names), each in its own
 process with the same batch and thread count. Each gives step times (ms) and peak resident
-memory above its process's baseline; the ratios are compiled vs each peer, measured minutes
-apart at most. ``sgemm_peak`` measures what the machine's BLAS reaches, the yardstick for
-GFLOP/s.
+memory above its process's baseline; the ratios are compiled vs each peer.
+
+The cases are timed in interleaved rounds (compiled, peers, compiled, peers, ...), not one after
+the other: a shared machine's load comes and goes over seconds, and timed back to back one case
+could get a quiet minute and the next a busy one. Interleaved, each case sees the same weather,
+so their ratio holds where their absolute times do not (CI measured one ratio at 15 and at 6.8
+on the same code when each case was timed once, for 15 steps, in turn). ``sgemm_peak`` measures
+what the machine's BLAS reaches, the yardstick for GFLOP/s.
 """
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import time
@@ -31,20 +37,20 @@ class Spec:
 
     cores: int
     warmup: int
-    steps: int
+    steps: int  # timed steps per case at least, over all rounds
     batch: Path  # an .npz with x and y: the step's batch
     build: Path  # the compiled step's directory
     initial: dict = field(repr=False)  # every parameter and buffer's initial value, by Relax name
     model: object = None  # a pipelines/config.py Model (frontend torch for the peers)
     optimizer: object = None
+    rounds: int = 1  # interleaved rounds the timed steps are split into
+    min_seconds: float = 0.0  # timed seconds per case at least, over all rounds
 
 
-def run_case(case: str, spec: Spec) -> dict:
-    """Time ``case`` in this process (a fresh one: ``measure`` spawns it)."""
-    os.environ["TVM_NUM_THREADS"] = str(spec.cores)
+def make_step(case: str, spec: Spec):
+    """A callable that runs one training step of ``case`` on the spec's batch."""
     import torch
 
-    from pipelines.runtime.peak_memory import PeakRSS
     from pipelines.runtime.step import CompiledStep
 
     torch.set_num_threads(spec.cores)
@@ -53,33 +59,91 @@ def run_case(case: str, spec: Spec) -> dict:
     compiled = CompiledStep(spec.build, spec.initial)
     if case == COMPILED:
         args = compiled.arguments(x, y)
+        # the state passed in is not mutated: every call times the same step
+        return lambda: compiled.function(*args)
+    from pipelines.evaluate.twin import torch_twin
+    from pipelines.models.torch_twin import make_optimizer, train_step
+    from pipelines.runtime.step import selection_of
 
-        def step():  # the state passed in is not mutated: every call times the same step
-            compiled.function(*args)
-    else:
-        from pipelines.evaluate.twin import torch_twin
-        from pipelines.models.torch_twin import make_optimizer, train_step
-        from pipelines.runtime.step import selection_of
+    # full BP runs the plain model; frozen runs the scheme's, LoRA adapters and all
+    frozen = case == "torch_eager_frozen"
+    model = torch_twin(spec.model, compiled.signature, spec.initial, adapters=frozen)
+    opt = make_optimizer(model, spec.optimizer,
+                         selection_of(compiled.signature) if frozen else None)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    # torch.compile: forward and backward compiled (Inductor, C++ on the CPU), the update
+    # eager; compiling happens in the first warm-up step, outside the timed ones.
+    net = torch.compile(model) if case == "torch_compile_full" else model
+    return lambda: train_step(net, opt, tx, ty, task=compiled.signature["task"])
 
-        # full BP runs the plain model; frozen runs the scheme's, LoRA adapters and all
-        frozen = case == "torch_eager_frozen"
-        model = torch_twin(spec.model, compiled.signature, spec.initial, adapters=frozen)
-        opt = make_optimizer(model, spec.optimizer,
-                             selection_of(compiled.signature) if frozen else None)
-        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-        # torch.compile: forward and backward compiled (Inductor, C++ on the CPU), the update
-        # eager; compiling happens in the first warm-up step, outside the timed ones.
-        net = torch.compile(model) if case == "torch_compile_full" else model
 
-        def step():
-            train_step(net, opt, tx, ty, task=compiled.signature["task"])
+def serve_case(case: str, spec: Spec, conn) -> None:
+    """One case's process: warm up, say "ready", then time each round ``measure`` sends
+    ((steps, seconds) at least); None ends it, answered with the peak resident memory."""
+    os.environ["TVM_NUM_THREADS"] = str(spec.cores)
+    from pipelines.runtime.peak_memory import PeakRSS
 
-    # The same wall-clock loop for every case; the peak counts from before the first step,
-    # because warm-up allocates too.
+    step = make_step(case, spec)
+    # the peak counts from before the first step, because warm-up allocates too
     with PeakRSS() as peak:
-        times = step_times(step, spec.warmup, spec.steps)
-    return {"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
-            "peak_rss_bytes": peak.above_baseline_bytes, "steps": len(times)}
+        step_times(step, spec.warmup, 0)
+        conn.send("ready")
+        while (round_ := conn.recv()) is not None:
+            conn.send(step_times(step, 0, *round_))
+    conn.send(peak.above_baseline_bytes)
+
+
+class _Case:
+    """``serve_case`` in a fresh process, spoken to over a pipe."""
+
+    def __init__(self, context, case: str, spec: Spec):
+        self.case = case
+        self.conn, theirs = context.Pipe()
+        self.process = context.Process(target=serve_case, args=(case, spec, theirs),
+                                       daemon=True)
+        self.process.start()
+        theirs.close()  # so a process that dies is an EOFError here, not a hang
+
+    def receive(self):
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.process.join()
+            raise RuntimeError(f"the speed case {self.case} stopped (exit code "
+                               f"{self.process.exitcode}); its error is printed above") from None
+
+    def ask(self, message):
+        self.conn.send(message)
+        return self.receive()
+
+
+def time_interleaved(spec: Spec, cases: list[str]) -> dict[str, dict]:
+    """Each case's step times and peak memory: every case warmed up in its own process, one
+    after the other (none warms up, or compiles, while another is timed), then timed in
+    ``spec.rounds`` rounds, each case in turn, the order rotating each round."""
+    from pipelines.progress import progress
+
+    context = multiprocessing.get_context("spawn")
+    workers = []
+    try:
+        for case in progress(cases, "speed: warm-up"):
+            workers.append(_Case(context, case, spec))
+            workers[-1].receive()  # "ready"
+        times = {case: [] for case in cases}
+        round_ = (math.ceil(spec.steps / spec.rounds), spec.min_seconds / spec.rounds)
+        for index in progress(range(spec.rounds), "speed: rounds"):
+            turn = index % len(workers)
+            for worker in workers[turn:] + workers[:turn]:
+                times[worker.case] += worker.ask(round_)
+        peaks = {worker.case: worker.ask(None) for worker in workers}
+    finally:
+        for worker in workers:
+            worker.process.kill()
+            worker.process.join()
+    return {case: {"median_ms": float(np.median(times[case])),
+                   "p90_ms": float(np.percentile(times[case], 90)),
+                   "peak_rss_bytes": peaks[case], "steps": len(times[case])}
+            for case in cases}
 
 
 def in_fresh_process(function, *args):
@@ -104,13 +168,10 @@ def sgemm_peak(cores: int, size: int = 1024, repeats: int = 20) -> float:
 
 
 def measure(spec: Spec, peers: list[str], report: dict) -> dict:
-    """The compiled step and each of ``peers``, each in a fresh process, with GFLOP/s (from the
+    """The compiled step and each of ``peers``, each in its own process, with GFLOP/s (from the
     prune ``report``'s FLOPs), examples (tokens, for a token grid) per second, and the ratios
     of compiled vs each peer."""
-    from pipelines.progress import progress
-
-    results = {case: in_fresh_process(run_case, case, spec)
-               for case in progress([COMPILED, *peers], "speed")}
+    results = time_interleaved(spec, [COMPILED, *peers])
     peak = in_fresh_process(sgemm_peak, spec.cores)
     with np.load(spec.batch) as batch:
         x = batch["x"]
