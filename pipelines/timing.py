@@ -11,9 +11,10 @@ def step_times(step, warmup: int, steps: int, min_seconds: float = 0.0) -> list[
     times is 15 ms of a noisy machine, which one interruption can double)."""
     for _ in range(warmup):
         step()
-    times = []
-    while len(times) < steps or sum(times) < min_seconds * 1e3:
+    times, total = [], 0.0
+    while len(times) < steps or total < min_seconds * 1e3:
         start = time.perf_counter()
         step()
         times.append((time.perf_counter() - start) * 1e3)
+        total += times[-1]
     return times
