@@ -158,7 +158,7 @@ def compile(model, rules: list, optimizer, profile: dict, directory: Path, *, lo
     with tempfile.TemporaryDirectory(prefix="pock-compile-") as tmp:
         imported, weights_dir = Path(tmp) / "import", Path(tmp) / "weights"
         imported.mkdir(), weights_dir.mkdir()
-        if model.frontend == "torch":
+        if model.in_pytorch:
             if weights is None:
                 from pipelines.frontends.weights import initial_weights
 

@@ -191,10 +191,15 @@ class Finetune(Strict):
 class Model(Strict):
     """Where a model comes from and what it is trained on (conf/model/<name>.yaml)."""
 
-    frontend: Literal["torch", "onnx", "jax", "keras"]
-    source: str  # a file, relative to the repository root
+    frontend: Literal["torch", "transformers", "onnx", "jax", "keras"]
+    source: str  # a file (transformers: a directory), relative to the repository root
     entry: str | None = None  # torch, jax: the function in ``source`` that builds the model
     kwargs: dict[str, Any] = {}  # passed to ``entry``
+    # transformers (frontends/transformers.py): the model class (default: config.json's
+    # ``architectures``), keys of config.json to override, the step's inputs by name
+    architecture: str | None = None
+    config: dict[str, Any] = {}
+    inputs: list[str] = []
     batch_size: PositiveInt
     # onnx: sizes of the inputs' symbolic dimensions other than the batch, by the names the
     # export gave them ({sequence: 128}); a compiled step has static shapes
@@ -216,10 +221,22 @@ class Model(Strict):
             raise ValueError(f"source {self.source!r} is a saved torch.export program: it takes "
                              f"no {' or '.join(given)} (entry and kwargs build a model from a "
                              "Python file; pretrain scores in eval mode, which a program lacks)")
+        if self.frontend != "transformers" and (self.architecture or self.config or self.inputs):
+            raise ValueError("architecture, config and inputs are keys of frontend "
+                             f"transformers; this model's frontend is {self.frontend}")
+        if self.frontend == "transformers" and (self.entry or self.kwargs):
+            raise ValueError("frontend transformers builds the model from source's config.json "
+                             "(architecture, config): it takes no entry or kwargs")
         if self.frontend in ("torch", "jax") and not self.entry and not program:
             raise ValueError(f"frontend {self.frontend} needs entry: the function in source "
                              "that builds the model (or, for torch, a .pt2 program as source)")
         return self
+
+    @property
+    def in_pytorch(self) -> bool:
+        """Whether the model is a PyTorch module (torch and transformers frontends): it is
+        exported with torch.export and PyTorch trains its twin."""
+        return self.frontend in ("torch", "transformers")
 
 
 class OptimizeOverride(Strict):

@@ -6,7 +6,8 @@ Output: artifacts/metrics/evaluate/<case>.json (DVC metrics: what the scheme rem
 speed, fine-tuning); artifacts/metrics/curves/<case>-{loss,accuracy}.json (DVC plots: per step
 and per epoch, compiled and PyTorch; empty without fine-tuning); artifacts/cases/<case>/
 evaluate/: weights.safetensors (the fine-tuned weights, by the source's names), optimizer.pt
-(its state as torch.optim's) and a LoRA scheme's export.
+(its state as torch.optim's), a LoRA scheme's export, and for a transformers model pretrained/
+(the fine-tuned model, LoRA merged, as a directory from_pretrained loads).
 """
 import sys
 
@@ -24,9 +25,10 @@ from pipelines.profiles import resolved_profile
 def main(name: str) -> None:
     params = load_params()
     case, build = params.cases[name], device_dir(name, HOST, "build")
+    model = params.models[case.model]
     data = model_dir(case.model, "data") / FILE
     result = evaluate_case(
-        name, case, params.models[case.model], case_optimizer(params, case), params.benchmark,
+        name, case, model, case_optimizer(params, case), params.benchmark,
         resolved_profile(HOST)["cores"], build,
         load_arrays(case_dir(name, "autodiff") / "initial.npz"),
         load_arrays(data) if data.exists() else None, read_json(metrics_path("prune", name)),
@@ -37,6 +39,10 @@ def main(name: str) -> None:
             torch.save(tuned.optimizer_state, tmp / "optimizer.pt")
             if tuned.export is not None:
                 save_weights(tuned.export[1], tmp / tuned.export[0])
+            if model.frontend == "transformers" and tuned.plain_weights is not None:
+                from pipelines.frontends.transformers import save_pretrained
+
+                save_pretrained(model, tuned.plain_weights, tmp / "pretrained")
         write_manifest(tmp, f"evaluate@{name}", {"build": build}, {"case": case.model_dump()})
     write_json_atomic(metrics_path("evaluate", name), result.metrics)
     curves = {"loss": tuned.losses, "accuracy": tuned.accuracy} if tuned else {}

@@ -20,7 +20,7 @@ def main(name: str) -> None:
     data = model_dir(name, "data") / FILE
     metrics = {"frontend": model.frontend}
     with atomic_dir(model_dir(name, "weights")) as tmp:
-        if model.frontend == "torch":
+        if model.in_pytorch:
             state, trained = initial_weights(model, load_arrays(data) if data.exists() else None,
                                              params.seed)
             save_weights(state, tmp / WEIGHTS)

@@ -45,7 +45,7 @@ def optimized_case(params, case: str) -> Optimized:
     with tempfile.TemporaryDirectory(prefix="pock-test-") as tmp:
         weights_dir, imported = Path(tmp) / "weights", Path(tmp) / "import"
         weights_dir.mkdir(), imported.mkdir()
-        if model.frontend == "torch":
+        if model.in_pytorch:
             weights, _ = initial_weights(model.model_copy(update={"pretrain": None}), None, 0)
             save_weights(weights, weights_dir / FILE)
         import_model(model, weights_dir, imported)

@@ -1,7 +1,7 @@
-"""Hugging Face transformers models as a user's model file gives them (tests/frontends/hf_models.py:
-tiny configs, random init, nothing downloaded) through the one chain (pipelines/compile.py):
-LLaMA with grouped-query attention, Qwen2, GPT-2 (tied embeddings, Conv1D), BERT with an
-attention mask and token types, ViT, ResNet (batch norm in training mode).
+"""Hugging Face transformers models through the transformers frontend (a config.json directory
+in tests/frontends/hf/: tiny configs, random init, nothing downloaded) and the one chain
+(pipelines/compile.py): LLaMA with grouped-query attention, Qwen2, GPT-2 (tied embeddings,
+Conv1D), BERT with an attention mask and token types, ViT, ResNet (batch norm in training mode).
 
 Each family, full BP and a sparse scheme in its own parameter names (the last block's attention
 or convolutions, some on half their output channels, and the head): three chained SGD-momentum
@@ -9,8 +9,10 @@ steps against PyTorch doing the identical update from the same weights. Toleranc
 within 1e-4 relative at every step, every tensor of the state within rtol 1e-4 / atol 1e-6,
 frozen parameters bit-identical (conftest.assert_steps_match).
 
-The same for the other heads, each with its task's loss (pipelines/training/loss.py): LLaMA and
-GPT-2 (head tied to the embeddings) as causal LMs, BERT as a masked LM and as a regressor.
+The same for the other heads, each by its class name (``architecture``) on the same config and
+with its task's loss (pipelines/training/loss.py): LLaMA and GPT-2 (head tied to the
+embeddings) as causal LMs, BERT as a masked LM and as a regressor (``config: {num_labels: 1}``).
+The fine-tuned weights go back as a directory ``from_pretrained`` loads.
 """
 import numpy as np
 import pytest
@@ -21,27 +23,37 @@ from pipelines.compile import compile
 from pipelines.config import SGD, ConfigError, Model
 from pipelines.frontends.torch_module import load_module
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 OPT = SGD(kind="sgd", lr=0.05, momentum=0.9)
-BATCH = 4
-SOURCE = "tests/frontends/hf_models.py"
+BATCH, SEQ = 4, 16
+HF = "tests/frontends/hf"
+SOURCE = "tests/frontends/hf_models.py"  # the same models as a user's model file
 FULL = [{"modules": ["*"]}]
+BERT_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 
 # family: (the last block's module path, its modules the scheme updates, the head)
 SPARSE = {
-    "llama": ("model.model.layers.1", ["self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj"],
-              "model.score"),
-    "qwen2": ("model.model.layers.1", ["self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj"],
-              "model.score"),
-    "gpt2": ("model.transformer.h.1", ["attn.c_attn", "mlp.c_fc"], "model.score"),
-    "bert": ("model.bert.encoder.layer.1", ["attention.self.query", "intermediate.dense"],
-             "model.classifier"),
-    "vit": ("model.vit.layers.1", ["attention.v_proj", "mlp.fc1"], "model.classifier"),
-    "resnet": ("model.resnet.encoder.stages.1.layers.0", ["layer.0.convolution",
-                                                         "layer.2.convolution"],
-               "model.classifier.1"),
+    "llama": ("model.layers.1", ["self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj"],
+              "score"),
+    "qwen2": ("model.layers.1", ["self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj"],
+              "score"),
+    "gpt2": ("transformer.h.1", ["attn.c_attn", "mlp.c_fc"], "score"),
+    "bert": ("bert.encoder.layer.1", ["attention.self.query", "intermediate.dense"],
+             "classifier"),
+    "vit": ("vit.layers.1", ["attention.v_proj", "mlp.fc1"], "classifier"),
+    "resnet": ("resnet.encoder.stages.1.layers.0", ["layer.0.convolution",
+                                                   "layer.2.convolution"],
+               "classifier.1"),
 }
+
+
+def hf_model(family: str, **keys) -> Model:
+    """The family's tests/frontends/hf/ config as a transformers model (BERT with its three
+    inputs), ``keys`` on top."""
+    return Model(frontend="transformers", source=f"{HF}/{family}", batch_size=BATCH,
+                 dims={"sequence": SEQ, "image_size": 32},
+                 inputs=BERT_INPUTS if family == "bert" else [], **keys)
 
 
 def sparse_rules(family: str) -> list[dict]:
@@ -53,19 +65,23 @@ def sparse_rules(family: str) -> list[dict]:
 
 
 def batches(model: Model, count: int = 3) -> list[tuple]:
-    """Random batches shaped as the model's example inputs: token ids drawn anew, masks and
-    token types kept, images drawn anew; then class labels."""
+    """Random batches of the model's inputs, then class labels: token ids above 0 (no pad
+    token: a decoder classifier reads each row's last token), each row's mask padded after a
+    random length, token types 0 then 1, normal pixels."""
     _, example = load_module(model)
     rng = np.random.default_rng(0)
 
-    def draw(value: torch.Tensor) -> np.ndarray:
-        if value.dtype.is_floating_point:
-            return rng.standard_normal(value.shape).astype("float32")
-        if value.max() > 1:  # token ids
-            return rng.integers(1, int(value.max()) + 1, value.shape).astype("int64")
-        return value.numpy()
+    def draw(name: str, value: torch.Tensor) -> np.ndarray:
+        rows, *shape = value.shape
+        if name == "input_ids":
+            return rng.integers(1, 128, value.shape).astype("int64")
+        if name in ("attention_mask", "token_type_ids"):
+            cut = rng.integers(SEQ // 4, SEQ, (rows, 1))
+            after = np.arange(SEQ)[None, :] >= cut
+            return (~after if name == "attention_mask" else after).astype("int64")
+        return rng.standard_normal(value.shape).astype("float32")
 
-    return [tuple(draw(v) for v in example.values()) + (rng.integers(0, 4, BATCH),)
+    return [tuple(draw(n, v) for n, v in example.items()) + (rng.integers(0, 4, BATCH),)
             for _ in range(count)]
 
 
@@ -73,11 +89,12 @@ def batches(model: Model, count: int = 3) -> list[tuple]:
 @pytest.mark.parametrize("family", list(SPARSE))
 @pytest.mark.parametrize("scheme", ["full", "sparse"])
 def test_transformers_model_steps_like_pytorch(tmp_path, host_profile, family, scheme):
-    model = Model(frontend="torch", source=SOURCE, entry=f"{family}_classifier",
-                  batch_size=BATCH)
+    model = hf_model(family)
     torch.manual_seed(0)
     rules = FULL if scheme == "full" else sparse_rules(family)
     compiled = compile(model, rules, OPT, host_profile, tmp_path, scheme_name=scheme)
+    assert compiled.signature["data"] == (BERT_INPUTS if family == "bert" else [
+        "pixel_values" if family in ("vit", "resnet") else "input_ids"]) + ["labels"]
     names = compiled.signature["source_names"]
     trainable = {names[p] for p in compiled.signature["trainable"]}
     if scheme == "sparse":
@@ -96,26 +113,28 @@ def test_transformers_model_steps_like_pytorch(tmp_path, host_profile, family, s
     assert changed, "the step updated nothing"
 
 
-# entry: (task, the sparse scheme's head, or None for full BP only)
-TASK_HEADS = {"llama_causal_lm": ("causal_lm", "model.lm_head"),
-              "gpt2_causal_lm": ("causal_lm", None),
-              "bert_masked_lm": ("masked_lm", "model.cls.predictions.transform.dense"),
-              "bert_regressor": ("regression", None)}
+# name: (family, architecture, config keys, task, the sparse scheme's head or None: full only)
+TASK_HEADS = {
+    "llama_causal_lm": ("llama", "LlamaForCausalLM", {}, "causal_lm", "lm_head"),
+    "gpt2_causal_lm": ("gpt2", "GPT2LMHeadModel", {}, "causal_lm", None),
+    "bert_masked_lm": ("bert", "BertForMaskedLM", {}, "masked_lm",
+                       "cls.predictions.transform.dense"),
+    "bert_regressor": ("bert", "BertForSequenceClassification", {"num_labels": 1},
+                       "regression", None)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry,scheme", [(e, s) for e, (_, head) in TASK_HEADS.items()
-                                          for s in ["full"] + ["sparse"] * bool(head)])
-def test_language_model_and_regression_heads_step_like_pytorch(tmp_path, host_profile, entry,
+@pytest.mark.parametrize("head,scheme", [(h, s) for h, spec in TASK_HEADS.items()
+                                         for s in ["full"] + ["sparse"] * bool(spec[-1])])
+def test_language_model_and_regression_heads_step_like_pytorch(tmp_path, host_profile, head,
                                                                 scheme):
-    task, head = TASK_HEADS[entry]
-    family = entry.split("_")[0]
-    model = Model(frontend="torch", source=SOURCE, entry=entry, batch_size=BATCH, task=task)
+    family, architecture, config, task, trained_head = TASK_HEADS[head]
+    model = hf_model(family, architecture=architecture, config=config, task=task)
     torch.manual_seed(0)
     rules = FULL
     if scheme == "sparse":
         block, modules, _ = SPARSE[family]
-        rules = [{"modules": [head]}, {"modules": [f"{block}.{m}" for m in modules]}]
+        rules = [{"modules": [trained_head]}, {"modules": [f"{block}.{m}" for m in modules]}]
     compiled = compile(model, rules, OPT, host_profile, tmp_path, scheme_name=scheme)
     rng = np.random.default_rng(0)
     labels = compiled.signature["data_types"]["labels"]["shape"]
@@ -124,6 +143,15 @@ def test_language_model_and_regression_heads_step_like_pytorch(tmp_path, host_pr
     names = compiled.signature["source_names"]
     trainable = {names[p] for p in compiled.signature["trainable"]}
     assert [n for n in trainable if not torch.equal(before[n], after[n])], "nothing updated"
+    if scheme == "full":
+        # back as a checkpoint: from_pretrained loads the fine-tuned weights, ties kept
+        from pipelines.frontends.transformers import save_pretrained
+
+        save_pretrained(model, after, tmp_path / "pretrained")
+        loaded = getattr(transformers, architecture).from_pretrained(
+            tmp_path / "pretrained").state_dict()
+        for name, value in after.items():  # a tied head's second name is not the step's
+            assert torch.equal(loaded[name], value), name
 
 
 @pytest.mark.slow
@@ -164,11 +192,9 @@ def test_an_onnx_export_with_mask_and_token_types_takes_all_three_inputs(tmp_pat
 
 
 def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):
-    """A model file whose entry loads a local from_pretrained directory (config.json and
-    safetensors, as users keep downloaded models): the weights stage starts from those
-    weights, not from a seeded initialisation."""
-    import transformers
-
+    """A local from_pretrained directory (config.json and safetensors, as users keep downloaded
+    models) as the source: the weights stage starts from its weights, not from a seeded
+    initialisation, under the checkpoint's own names."""
     from pipelines.frontends.weights import initial_weights
 
     torch.manual_seed(1)
@@ -177,22 +203,38 @@ def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):
                                  num_hidden_layers=1, num_attention_heads=2,
                                  num_key_value_heads=1, pad_token_id=0, num_labels=3))
     saved.save_pretrained(tmp_path / "llama")
-    source = tmp_path / "my_llama.py"
-    source.write_text(
-        "import torch, transformers\n"
-        "class Logits(torch.nn.Module):\n"
-        "    def __init__(self, model):\n"
-        "        super().__init__()\n"
-        "        self.model = model\n"
-        "    def forward(self, input_ids):\n"
-        "        return self.model(input_ids=input_ids, use_cache=False).logits\n"
-        "def build(batch_size):\n"
-        f"    model = transformers.LlamaForSequenceClassification.from_pretrained("
-        f"{str(tmp_path / 'llama')!r})\n"
-        "    return Logits(model), {'input_ids': torch.ones(batch_size, 8, dtype=torch.int64)}\n")
-    model = Model(frontend="torch", source=str(source), entry="build", batch_size=2)
+    model = Model(frontend="transformers", source=str(tmp_path / "llama"), batch_size=2,
+                  dims={"sequence": 8})
     weights, _ = initial_weights(model, None, seed=0)
-    want = {f"model.{k}": v for k, v in saved.state_dict().items()}
+    want = saved.state_dict()
     assert weights.keys() == want.keys()
     for name, value in want.items():
         assert torch.equal(weights[name], value), name
+
+
+@pytest.mark.parametrize("keys,error", [
+    ({"architecture": "LlamaForTokenMagic"}, r"architecture='LlamaForTokenMagic' is not a "
+                                             r"transformers model class; allowed for Llama: "
+                                             r"\[.*'LlamaForCausalLM'"),
+    ({"config": {"hidden_sizes": 8}}, r"config has keys \['hidden_sizes'\] that LlamaConfig "
+                                      r"does not; allowed: \[.*'hidden_size'"),
+    ({"inputs": ["pixel_values"]}, r"inputs has \['pixel_values'\]; allowed for "
+                                   r"LlamaForSequenceClassification: \['input_ids', "
+                                   r"'attention_mask'"),
+    ({"dims": {}}, r"dims\.sequence"),
+    ({"source": "tests/frontends"}, r"tests/frontends: no config\.json"),
+])
+def test_a_bad_transformers_model_is_named(keys, error):
+    model = Model(**(dict(frontend="transformers", source=f"{HF}/llama", batch_size=2,
+                          dims={"sequence": 8}) | keys))
+    with pytest.raises(ConfigError, match=error):
+        load_module(model)
+
+
+def test_transformers_keys_belong_to_the_transformers_frontend():
+    with pytest.raises(ValueError, match="architecture, config and inputs are keys of frontend "
+                                         "transformers; this model's frontend is torch"):
+        Model(frontend="torch", source=SOURCE, entry="bert_classifier", batch_size=2,
+              architecture="BertModel")
+    with pytest.raises(ValueError, match="takes no entry or kwargs"):
+        Model(frontend="transformers", source=f"{HF}/bert", entry="build", batch_size=2)

@@ -34,13 +34,18 @@ class Evaluation:
 
 def synthetic_batch(signature: dict, seed: int, batches: int = 1) -> tuple[np.ndarray, ...]:
     """Seeded data of the step's inputs' shapes, ``batches`` batches along the first axis:
-    normal floats, zero integers (valid token ids and labels). What a step is run on where
-    its numbers, not its data, are checked (a device against the host, a packaged image)."""
+    normal floats, zero integers (valid token ids and labels), an attention mask of ones (no
+    position masked). What a step is run on where its numbers, not its data, are checked (a
+    device against the host, a packaged image)."""
     rng = np.random.default_rng(seed)
-    types = [signature["data_types"][name] for name in signature["data"]]  # the step's order
-    shapes = [(t["dtype"], [t["shape"][0] * batches, *t["shape"][1:]]) for t in types]
-    return tuple(rng.standard_normal(shape).astype(dtype) if "float" in dtype
-                 else np.zeros(shape, dtype) for dtype, shape in shapes)
+    arrays = []
+    for name in signature["data"]:  # the step's order
+        t = signature["data_types"][name]
+        shape = [t["shape"][0] * batches, *t["shape"][1:]]
+        fill = np.ones if name == "attention_mask" else np.zeros
+        arrays.append(rng.standard_normal(shape).astype(t["dtype"]) if "float" in t["dtype"]
+                      else fill(shape, t["dtype"]))
+    return tuple(arrays)
 
 
 def batch_for(signature: dict, model, data: dict | None, seed: int) -> tuple[np.ndarray, ...]:
@@ -62,16 +67,16 @@ def cost_summary(report: dict) -> dict:
                                       "saved_activation_bytes")}}
 
 
-def first_losses(model, build: Path, initial: dict, optimizer, x, y) -> tuple[list, list]:
-    """The compiled step's and PyTorch's losses over the first steps on one batch (the second
-    reads the first one's update)."""
+def first_losses(model, build: Path, initial: dict, optimizer, *batch) -> tuple[list, list]:
+    """The compiled step's and PyTorch's losses over the first steps on one batch (the model's
+    inputs, then the labels; the second step reads the first one's update)."""
     from pipelines.models.torch_twin import make_optimizer, train_step
 
     compiled = CompiledStep(build, initial)
     twin = torch_twin(model, compiled.signature, initial)
     update = make_optimizer(twin, optimizer, selection_of(compiled.signature))
-    return ([compiled.step(x, y) for _ in range(CHECKED_STEPS)],
-            [train_step(twin, update, x, y, task=compiled.signature["task"])
+    return ([compiled.step(*batch) for _ in range(CHECKED_STEPS)],
+            [train_step(twin, update, *batch, task=compiled.signature["task"])
              for _ in range(CHECKED_STEPS)])
 
 
@@ -87,7 +92,7 @@ def evaluate_case(name: str, case, model, optimizer, benchmark, cores: int, buil
                "optimizer": case.optimizer, "cost": cost_summary(report),
                "plan": {"planned_peak_bytes": plan["planned_peak_bytes"],
                         "recomputed": plan["recomputed"]}}
-    torch_model = model.frontend == "torch"
+    torch_model = model.in_pytorch
     if "speed" in case.evaluate:
         batch = batch_for(signature, model, data, seed)
         if torch_model:  # a wrong build fails here, before anything is timed
@@ -97,7 +102,7 @@ def evaluate_case(name: str, case, model, optimizer, benchmark, cores: int, buil
                                    f"PyTorch's {pytorch} (rtol {LOSS_RTOL})")
             metrics["losses"] = {"compiled": compiled, "pytorch": pytorch}
         with tempfile.TemporaryDirectory(prefix="pock-evaluate-") as tmp:
-            save_arrays(Path(tmp) / "batch.npz", {"x": batch[0], "y": batch[1]})
+            save_arrays(Path(tmp) / "batch.npz", dict(zip(signature["data"], batch)))
             spec = Spec(cores, benchmark.warmup, benchmark.steps, Path(tmp) / "batch.npz",
                         build, initial, model, optimizer, benchmark.rounds,
                         benchmark.min_seconds)

@@ -37,6 +37,15 @@ class Finetuned:
     optimizer_state: dict
     export: tuple[str, dict] | None  # a LoRA scheme's export: (file name, tensors)
 
+    @property
+    def plain_weights(self) -> dict[str, torch.Tensor] | None:
+        """The fine-tuned model without adapters (a LoRA scheme's merged in), or None where
+        the export keeps the adapters apart."""
+        if self.export is None:
+            return self.weights
+        filename, tensors = self.export
+        return tensors if filename == "merged.safetensors" else None
+
 
 def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, seed: int,
              lora=None, name: str = "case") -> Finetuned:

@@ -141,7 +141,7 @@ def search_rules(cfg, model, optimizer, weights: Path, data: Path, layers: dict,
     from pipelines.frontends.weights import load_weights
     from pipelines.io import load_arrays
 
-    if model.frontend != "torch" or not data.exists():
+    if not model.in_pytorch or not data.exists():
         raise ConfigError(f"{SOURCE}: searching a scheme fine-tunes candidates in PyTorch on the "
                           "model's data; this model has frontend "
                           f"{model.frontend!r}{'' if data.exists() else ' and no data'}")

@@ -38,7 +38,7 @@ class Spec:
     cores: int
     warmup: int
     steps: int  # timed steps per case at least, over all rounds
-    batch: Path  # an .npz with x and y: the step's batch
+    batch: Path  # an .npz of the step's batch, by the step's data names (inputs, labels)
     build: Path  # the compiled step's directory
     initial: dict = field(repr=False)  # every parameter and buffer's initial value, by Relax name
     model: object = None  # a pipelines/config.py Model (frontend torch for the peers)
@@ -54,11 +54,11 @@ def make_step(case: str, spec: Spec):
     from pipelines.runtime.step import CompiledStep
 
     torch.set_num_threads(spec.cores)
-    with np.load(spec.batch) as batch:
-        x, y = batch["x"], batch["y"]
     compiled = CompiledStep(spec.build, spec.initial)
+    with np.load(spec.batch) as saved:
+        batch = [saved[name] for name in compiled.signature["data"]]
     if case == COMPILED:
-        args = compiled.arguments(x, y)
+        args = compiled.arguments(*batch)
         # the state passed in is not mutated: every call times the same step
         return lambda: compiled.function(*args)
     from pipelines.evaluate.twin import torch_twin
@@ -70,11 +70,11 @@ def make_step(case: str, spec: Spec):
     model = torch_twin(spec.model, compiled.signature, spec.initial, adapters=frozen)
     opt = make_optimizer(model, spec.optimizer,
                          selection_of(compiled.signature) if frozen else None)
-    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    tensors = [torch.from_numpy(a) for a in batch]
     # torch.compile: forward and backward compiled (Inductor, C++ on the CPU), the update
     # eager; compiling happens in the first warm-up step, outside the timed ones.
     net = torch.compile(model) if case == "torch_compile_full" else model
-    return lambda: train_step(net, opt, tx, ty, task=compiled.signature["task"])
+    return lambda: train_step(net, opt, *tensors, task=compiled.signature["task"])
 
 
 def serve_case(case: str, spec: Spec, conn) -> None:
@@ -174,7 +174,7 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     results = time_interleaved(spec, [COMPILED, *peers])
     peak = in_fresh_process(sgemm_peak, spec.cores)
     with np.load(spec.batch) as batch:
-        x = batch["x"]
+        x = batch[batch.files[0]]  # the model's first input
     tokens = x.dtype.kind in "iu" and x.ndim == 2  # a token grid: tokens/s, as LLMs are read
     unit, count = ("tokens", x.shape[0] * x.shape[1]) if tokens else ("examples", x.shape[0])
     for case, row in results.items():

@@ -22,7 +22,7 @@ from pipelines.frontends.torch_module import is_program
 from pipelines.frontends.weights import FILE as WEIGHTS, load_weights
 from pipelines.io import ROOT, write_json_atomic
 
-FRONTENDS = ("torch", "onnx", "jax", "keras")
+FRONTENDS = ("torch", "transformers", "onnx", "jax", "keras")
 
 
 def import_model(model, weights: Path, out: Path) -> str:
@@ -37,7 +37,7 @@ def import_model(model, weights: Path, out: Path) -> str:
         torch.export.save(program, out / "model.pt2")
         write_json_atomic(out / "layers.json", describe_program(program, model.blocks))
         return f"loaded {source.name}: {len(program.graph.nodes)} graph nodes"
-    if model.frontend == "torch":
+    if model.in_pytorch:
         from pipelines.frontends.torch_module import export, load_module
 
         module, inputs = load_module(model)
@@ -45,7 +45,8 @@ def import_model(model, weights: Path, out: Path) -> str:
         program = export(module, inputs)
         torch.export.save(program, out / "model.pt2")
         write_json_atomic(out / "layers.json", describe_layers(module, model.blocks))
-        return f"exported {source.name}:{model.entry}: {len(program.graph.nodes)} graph nodes"
+        what = f"{source.name}:{model.entry}" if model.entry else type(module).__name__
+        return f"exported {what}: {len(program.graph.nodes)} graph nodes"
     if model.frontend == "onnx":
         import onnx
 
@@ -65,7 +66,7 @@ def import_model(model, weights: Path, out: Path) -> str:
 
 def lower_model(model, imported: Path):
     """(main, names, origins, initial values by Relax name) from ``import_model``'s files."""
-    if model.frontend == "torch":
+    if model.in_pytorch:
         from pipelines.frontends.torch_program import lower_program
 
         return lower_program(imported / "model.pt2")

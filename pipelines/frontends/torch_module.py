@@ -31,7 +31,7 @@ PROGRAM = ".pt2"  # torch.export.save's files
 
 def is_program(model) -> bool:
     """Whether a torch model's ``source`` is a saved torch.export program."""
-    return Path(model.source).suffix == PROGRAM
+    return model.frontend == "torch" and Path(model.source).suffix == PROGRAM
 
 
 def load_file(path: Path, what: str):
@@ -45,8 +45,13 @@ def load_file(path: Path, what: str):
 
 
 def load_module(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """(module, example inputs) from a Model config of frontend torch, freshly initialised
-    (the caller seeds torch); a saved program holds its own weights."""
+    """(module, example inputs) from a Model config of frontend torch or transformers, freshly
+    initialised (the caller seeds torch); a saved program or a checkpoint holds its own
+    weights."""
+    if model.frontend == "transformers":
+        from pipelines.frontends.transformers import load_transformers
+
+        return load_transformers(model)
     path = ROOT / model.source
     if is_program(model):
         program = load_program(path)

@@ -1,0 +1,175 @@
+"""Hugging Face ``transformers`` models as users keep them: ``source`` is a local directory as
+``save_pretrained`` writes it (config.json and safetensors weights: a downloaded model), or a
+directory or config.json with the config alone (random initialisation, seeded by the caller).
+``architecture`` names the class, e.g. ``LlamaForCausalLM`` (default: the config's own
+``architectures``), and ``config`` overrides keys of config.json (``num_labels``, a smaller
+``num_hidden_layers``); a head the checkpoint lacks starts from its seeded initialisation, as
+``from_pretrained`` does.
+
+The module then goes through the PyTorch path (torch.export, torch_program.py) under its own
+state-dict names (``model.layers.0.self_attn.q_proj.weight``), so schemes, LoRA and the twin
+read the names the model card shows. Its ``forward`` takes the step's inputs (``inputs``: the
+model's main input, ``input_ids`` or ``pixel_values``, unless the config lists others, e.g. an
+attention mask) and returns the logits alone. The fine-tuned weights go back as a directory
+``from_pretrained`` loads (``save_pretrained``).
+
+A training step is deterministic, so dropout is off (every ``*dropout*`` / ``*pdrop*``
+probability of the config set to 0), and so is the key-value cache.
+"""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import torch
+
+from pipelines.config import ConfigError
+from pipelines.io import ROOT
+
+CONFIG = "config.json"
+# Inputs a step can feed a transformers model, and how an example of each is made.
+EXAMPLES = ("input_ids", "attention_mask", "token_type_ids", "pixel_values")
+
+
+def _library():
+    import transformers
+
+    return transformers
+
+
+def config_of(model):
+    """The model's PretrainedConfig: config.json from ``source`` with ``config`` on top,
+    dropout and the key-value cache off."""
+    transformers = _library()
+    path = ROOT / model.source
+    file = path / CONFIG if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(f"{path}: no {CONFIG} (models.<name>.source: a directory as "
+                          "save_pretrained writes it, or a config.json)")
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(file.parent if path.is_dir()
+                                                             else file))
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"{file}: not a transformers config: {err}") from err
+    unknown = sorted(k for k in model.config if not hasattr(config, k))
+    if unknown:  # num_labels is a property (of id2label), not a key of the dict
+        raise ConfigError(f"models.<name>.config has keys {unknown} that {type(config).__name__} "
+                          f"does not; allowed: {sorted({*config.to_dict(), 'num_labels'})}")
+    for key, value in model.config.items():
+        setattr(config, key, value)
+    for key, value in config.to_dict().items():
+        if ("dropout" in key or key.endswith("pdrop")) and isinstance(value, float):
+            setattr(config, key, 0.0)
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    return config
+
+
+def class_of(model, config) -> type:
+    """The transformers class ``architecture`` (or the config's ``architectures``) names."""
+    transformers = _library()
+    name = model.architecture or (config.architectures or [None])[0]
+    if name is None:
+        raise ConfigError(f"{model.source}: the config names no architecture; set "
+                          "models.<name>.architecture, e.g. LlamaForSequenceClassification")
+    cls = getattr(transformers, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        family = name.split("For")[0]
+        near = sorted(n for n in dir(transformers) if n.startswith(family) and "For" in n)
+        raise ConfigError(f"models.<name>.architecture={name!r} is not a transformers model "
+                          f"class; {'allowed for ' + family + ': ' + str(near) if near else ''}")
+    return cls
+
+
+def has_weights(path: Path) -> bool:
+    return path.is_dir() and any(path.glob("*.safetensors"))
+
+
+def _logits_only(module: torch.nn.Module, inputs: list[str]) -> torch.nn.Module:
+    """``module`` whose forward takes ``inputs`` (by position or name) and returns the logits:
+    its class becomes a subclass of its own, so its parameters keep their names."""
+    cls = type(module)
+
+    def forward(self, *args, **kwargs):
+        given = dict(zip(inputs, args)) | kwargs
+        return cls.forward(self, **given, return_dict=True).logits
+
+    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    forward.__signature__ = inspect.Signature(
+        [self] + [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in inputs])
+    module.__class__ = type(cls.__name__, (cls,), {"forward": forward,
+                                                   "__module__": cls.__module__})
+    return module
+
+
+def input_names(model, module) -> list[str]:
+    """The step's inputs: those ``inputs`` binds, or the model's main input."""
+    names = list(model.inputs) or [module.main_input_name]
+    accepted = inspect.signature(type(module).forward).parameters
+    bad = [n for n in names if n not in EXAMPLES or n not in accepted]
+    if bad:
+        raise ConfigError(f"models.<name>.inputs has {bad}; allowed for "
+                          f"{type(module).__name__}: "
+                          f"{[n for n in EXAMPLES if n in accepted]}")
+    return names
+
+
+def _size(model, key: str, *fallbacks) -> int:
+    """A dimension of the example inputs: ``dims.<key>``, else the first fallback given."""
+    for value in (model.dims.get(key), *fallbacks):
+        if value:
+            return int(value)
+    raise ConfigError(f"the size of the model's inputs is not known: set "
+                      f"models.<name>.dims.{key} (or give the model data that has it)")
+
+
+def example_inputs(model, config, names: list[str]) -> dict[str, torch.Tensor]:
+    """An example batch of each input (token ids above 0, a full mask, one token type,
+    normal pixels), at ``batch_size`` and the sizes ``dims`` or the data give."""
+    data, batch, examples = model.data, model.batch_size, {}
+    for name in names:
+        if name == "pixel_values":
+            size = _size(model, "image_size", getattr(data, "image_size", None),
+                         getattr(config, "image_size", None))
+            channels = getattr(config, "num_channels", 3)
+            examples[name] = torch.randn(batch, channels, size, size)
+            continue
+        seq = _size(model, "sequence", getattr(data, "seq_len", None))
+        if name == "input_ids":
+            examples[name] = torch.randint(1, config.vocab_size, (batch, seq))
+        elif name == "attention_mask":
+            examples[name] = torch.ones(batch, seq, dtype=torch.int64)
+        else:
+            examples[name] = torch.zeros(batch, seq, dtype=torch.int64)
+    return examples
+
+
+def load_transformers(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """(module, example inputs) of a Model of frontend transformers: the checkpoint's weights
+    where ``source`` has them, else a seeded initialisation (the caller seeds torch)."""
+    config = config_of(model)
+    cls = class_of(model, config)
+    path = ROOT / model.source
+    if has_weights(path):
+        module = cls.from_pretrained(str(path), config=config)
+    else:
+        module = cls(config)
+    names = input_names(model, module)
+    return _logits_only(module.train(), names), example_inputs(model, config, names)
+
+
+def save_pretrained(model, state: dict[str, torch.Tensor], directory: Path) -> None:
+    """``state`` (the step's weights by the model's names) into ``directory`` as a checkpoint
+    ``from_pretrained`` loads: config.json (the config the step was built with) and
+    model.safetensors."""
+    config = config_of(model)
+    cls = class_of(model, config)
+    with torch.device("meta"):
+        module = cls(config)
+    module.load_state_dict(state, strict=False, assign=True)
+    module.tie_weights()  # a tied head (GPT-2's, BERT's) is one tensor of the step, one name
+    missing = [n for n, p in module.state_dict().items() if p.is_meta]
+    if missing:
+        raise KeyError(f"the fine-tuned state holds no value for {missing[:5]}")
+    module.config.architectures = [cls.__name__]
+    module.save_pretrained(str(directory))
