@@ -399,8 +399,8 @@ def test_a_model_file_imports_deterministically_without_a_pytorch_module(tmp_pat
         k: v.tolist() for k, v in shared_weights().items()}
     from pipelines.evaluate.twin import torch_twin
 
-    with pytest.raises(ConfigError, match=f"needs a torch model; this one's frontend is "
-                                          f"'{frontend}'"):
+    with pytest.raises(ConfigError, match=f"needs a torch or transformers model; this one's "
+                                          f"frontend is '{frontend}'"):
         torch_twin(model, {}, {})
 
 
