@@ -238,3 +238,42 @@ def test_transformers_keys_belong_to_the_transformers_frontend():
               architecture="BertModel")
     with pytest.raises(ValueError, match="takes no entry or kwargs"):
         Model(frontend="transformers", source=f"{HF}/bert", entry="build", batch_size=2)
+
+
+@pytest.mark.slow
+def test_bert_fine_tunes_on_text_data_with_its_inputs_bound_by_name(tmp_path, host_profile):
+    """BERT's three inputs bound from the text task's columns by name (x: token ids, then
+    attention_mask with its [PAD] positions masked, token_type_ids): two fine-tuning steps,
+    the compiled step's losses PyTorch's within 1e-4, and the fine-tuned model back as a
+    from_pretrained directory."""
+    from pipelines.config import Sentences
+    from pipelines.data import make_data
+    from pipelines.evaluate.finetune import finetune
+    from pipelines.frontends.transformers import save_pretrained
+
+    data_cfg = Sentences(kind="sentences", seq_len=SEQ, train_sentences=8, test_sentences=8)
+    model = hf_model("bert", data=data_cfg, config={"vocab_size": 30522})
+    data = make_data(data_cfg, 0)
+    assert (data["finetune_train_attention_mask"] == 0).any()  # padded sentences
+    torch.manual_seed(0)
+    compiled = compile(model, FULL, OPT, host_profile, tmp_path / "build")
+    run = finetune(model, compiled.directory, compiled.initial, OPT, data, 1, 0)
+    assert run.metrics["steps"] == 2
+    assert run.metrics["max_abs_loss_difference"] < 1e-4 * run.losses[0]["pytorch"]
+    save_pretrained(model, run.plain_weights, tmp_path / "pretrained")
+    loaded = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "pretrained")
+    assert torch.equal(loaded.classifier.weight, run.weights["classifier.weight"])
+
+
+def test_a_model_input_the_data_lacks_is_named():
+    from pipelines.data import split
+
+    data = {"train_x": np.zeros((4, 8)), "train_y": np.zeros(4),
+            "train_attention_mask": np.ones((4, 8))}
+    xs, _ = split(data, "train", ["input_ids", "attention_mask"])
+    assert [a.tolist() for a in xs] == [data["train_x"].tolist(),
+                                        data["train_attention_mask"].tolist()]
+    with pytest.raises(ConfigError, match=r"inputs \['input_ids', 'token_type_ids'\] need the "
+                                          r"columns \['train_token_type_ids'\]; this data has "
+                                          r"\['attention_mask'\]"):
+        split(data, "train", ["input_ids", "token_type_ids"])

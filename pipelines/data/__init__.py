@@ -1,13 +1,15 @@
 """The data a model is trained and timed on (a model's ``data`` section, by ``kind``): scikit-learn's
 digits (real), the synthetic text task, synthetic tokens. Every kind gives arrays named
-``<split>_x`` (inputs) and ``<split>_y`` (labels); the splits that fine-tuning reads are
-``finetune_train`` and ``finetune_test``, the one a step is timed on is the first of
-``finetune_train``, ``train``.
+``<split>_x`` (the model's first input) and ``<split>_y`` (labels), and a text kind the columns
+a model with several inputs takes by name, ``<split>_attention_mask`` and
+``<split>_token_type_ids``; the splits that fine-tuning reads are ``finetune_train`` and
+``finetune_test``, the one a step is timed on is the first of ``finetune_train``, ``train``.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from pipelines.config import ConfigError
 from pipelines.data import digits, sentences, tokens
 
 MAKERS = {"digits": digits.make, "sentences": sentences.make, "tokens": tokens.make}
@@ -19,12 +21,24 @@ def make_data(cfg, seed: int) -> dict[str, np.ndarray]:
     return MAKERS[cfg.kind](cfg, seed)
 
 
-def split(data: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
-    return data[f"{name}_x"], data[f"{name}_y"]
+def split(data: dict, name: str, inputs: list[str] | None = None) -> tuple[list, np.ndarray]:
+    """The split's arrays of the model's ``inputs`` (by forward's names: the first is the
+    data's ``x``, each other one the column of its name; default: ``x`` alone), and its
+    labels."""
+    columns = [f"{name}_x"] + [f"{name}_{n}" for n in (inputs or [])[1:]]
+    missing = [c for c in columns if c not in data]
+    if missing:
+        have = sorted({k[len(name) + 1:] for k in data if k.startswith(name + "_")}
+                      - {"x", "y"})
+        raise ConfigError(f"models.<name>.data: the model's inputs {inputs} need the columns "
+                          f"{missing}; this data has {have or 'none but x and y'} (a text kind: "
+                          "attention_mask, token_type_ids)")
+    return [data[c] for c in columns], data[f"{name}_y"]
 
 
-def timing_batch(data: dict, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``batch_size`` examples of the training split: what a step is timed on."""
+def timing_batch(data: dict, batch_size: int, inputs: list[str] | None = None) -> tuple:
+    """The first ``batch_size`` examples of the training split (the model's inputs, then the
+    labels): what a step is timed on."""
     name = next(n for n in ("finetune_train", "train") if f"{n}_x" in data)
-    x, y = split(data, name)
-    return np.ascontiguousarray(x[:batch_size]), np.ascontiguousarray(y[:batch_size])
+    xs, y = split(data, name, inputs)
+    return tuple(np.ascontiguousarray(a[:batch_size]) for a in [*xs, y])

@@ -33,6 +33,7 @@ VERBS = ["was", "is"]
 INTENSIFIERS = ["", "", "very", "really", "quite", "so"]
 NEGATIONS = ["not", "never"]
 SPECIALS = {"cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]"}
+PAD_ID = 0
 
 
 def clause(rng: np.random.Generator, words: tuple) -> tuple[list[str], int]:
@@ -69,7 +70,7 @@ def tokenizer(seq_len: int):
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(get_model_path() / "tokenizer.json"))
-    tok.enable_padding(length=seq_len, pad_id=0, pad_token=SPECIALS["pad"])
+    tok.enable_padding(length=seq_len, pad_id=PAD_ID, pad_token=SPECIALS["pad"])
     return tok
 
 
@@ -88,6 +89,10 @@ def make(cfg, seed: int) -> dict[str, np.ndarray]:
     splits = {}
     for split, count in (("train", cfg.train_sentences), ("test", cfg.test_sentences)):
         texts, labels = sentences(split, count, seed)
-        splits[f"finetune_{split}_x"] = tokenize(texts, cfg.seq_len)
+        ids = tokenize(texts, cfg.seq_len)
+        splits[f"finetune_{split}_x"] = ids
         splits[f"finetune_{split}_y"] = labels
+        # for a model that takes them by name (BERT's inputs): [PAD] masked, one segment
+        splits[f"finetune_{split}_attention_mask"] = (ids != PAD_ID).astype(ids.dtype)
+        splits[f"finetune_{split}_token_type_ids"] = np.zeros_like(ids)
     return splits

@@ -10,4 +10,5 @@ def make(cfg, seed: int) -> dict[str, np.ndarray]:
     token a label drawn the same way."""
     rng = np.random.default_rng(seed)
     shape = (cfg.examples, cfg.seq_len)
-    return {"train_x": rng.integers(0, cfg.vocab, shape), "train_y": rng.integers(0, cfg.vocab, shape)}
+    return {"train_x": rng.integers(0, cfg.vocab, shape), "train_y": rng.integers(0, cfg.vocab, shape),
+            "train_attention_mask": np.ones(shape, np.int64)}  # no padding

@@ -53,7 +53,7 @@ def batch_for(signature: dict, model, data: dict | None, seed: int) -> tuple[np.
     one for a model without data."""
     if data is None:
         return synthetic_batch(signature, seed)
-    return step_batch(signature, *timing_batch(data, model.batch_size))
+    return step_batch(signature, *timing_batch(data, model.batch_size, signature["data"][:-1]))
 
 
 def cost_summary(report: dict) -> dict:

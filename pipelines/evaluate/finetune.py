@@ -57,35 +57,36 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     reference = torch_twin(model, signature, initial)
     evaluator = torch_twin(model, signature, initial)  # holds the compiled step's weights
     update = make_optimizer(reference, optimizer, selection_of(signature))
-    x, y = split(data, "finetune_train")
-    test_x, test_y = split(data, "finetune_test")
+    inputs = signature["data"][:-1]  # the step's inputs by name, then its labels
+    xs, y = split(data, "finetune_train", inputs)
+    test_xs, test_y = split(data, "finetune_test", inputs)
     batch = model.batch_size
-    if len(x) < batch:
+    if len(y) < batch:
         raise ConfigError(f"params.yaml: models.<model>.batch_size={batch}: the fine-tuning split "
-                          f"has {len(x)} training examples, fewer than one batch; lower it, or "
+                          f"has {len(y)} training examples, fewer than one batch; lower it, or "
                           "give the data more examples")
-    start = accuracy(reference, [test_x], test_y)
+    start = accuracy(reference, test_xs, test_y)
     curve = [{"epoch": 0, "compiled": start, "pytorch": start}]
     losses = []
     for epoch in range(epochs):
         first = len(losses)
-        for index in progress(list(batches(len(x), batch, seed, epoch)),
+        for index in progress(list(batches(len(y), batch, seed, epoch)),
                               f"{name}: fine-tuning epoch {epoch + 1}/{epochs}"):
-            bx, by = step_batch(signature, x[index], y[index])
-            losses.append({"step": len(losses) + 1, "compiled": compiled.step(bx, by),
-                           "pytorch": train_step(reference, update, bx, by,
+            step = step_batch(signature, *(a[index] for a in xs), y[index])
+            losses.append({"step": len(losses) + 1, "compiled": compiled.step(*step),
+                           "pytorch": train_step(reference, update, *step,
                                                  task=signature["task"])})
             if len(losses) == CHECKED_STEPS:
                 check_first_losses(name, losses)
         curve.append({"epoch": epoch + 1,
-                      "compiled": accuracy(compiled.load_into(evaluator), [test_x], test_y),
-                      "pytorch": accuracy(reference, [test_x], test_y)})
+                      "compiled": accuracy(compiled.load_into(evaluator), test_xs, test_y),
+                      "pytorch": accuracy(reference, test_xs, test_y)})
         last = losses[first:]
         print(f"{name} epoch {epoch + 1}: loss compiled "
               f"{np.mean([r['compiled'] for r in last]):.4f} pytorch "
               f"{np.mean([r['pytorch'] for r in last]):.4f}; accuracy compiled "
               f"{curve[-1]['compiled']:.3f} pytorch {curve[-1]['pytorch']:.3f}", flush=True)
-    last = losses[-(len(x) // batch):]
+    last = losses[-(len(y) // batch):]
     metrics = {
         "steps": len(losses), "epochs": epochs,
         "accuracy_before": start,
@@ -101,7 +102,7 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     export = None
     if lora is not None:
         export = lora_export(weights, lora, selection_of(signature))
-        check_export(model, signature, initial, export, test_x, test_y,
+        check_export(model, signature, initial, export, test_xs, test_y,
                      metrics["accuracy_compiled"], name)
     return Finetuned(metrics, losses, curve, compiled, weights, optimizer_state, export)
 
@@ -122,13 +123,13 @@ def lora_export(weights: dict, lora, trained: dict) -> tuple[str, dict]:
     return "adapters.safetensors", adapter_state(weights, trained)
 
 
-def check_export(model, signature: dict, initial: dict, export: tuple[str, dict], x, y,
+def check_export(model, signature: dict, initial: dict, export: tuple[str, dict], xs, y,
                  expected: float, name: str) -> None:
     """The export, loaded as a user would, scores what the compiled step scored."""
     filename, tensors = export
     net = torch_twin(model, signature, initial, adapters=filename != "merged.safetensors")
     net.load_state_dict(tensors, strict=False)
-    score = accuracy(net, [x], y)
+    score = accuracy(net, xs, y)
     if abs(score - expected) > 1.5 / len(y):  # one example's prediction may flip on rounding
         raise RuntimeError(f"{name}: its export {filename} scores {score}, the compiled "
                            f"step's weights {expected}")

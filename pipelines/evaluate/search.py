@@ -67,10 +67,11 @@ class Probe:
 
     def __init__(self, model, optimizer, weights: dict, data: dict, layers: dict, steps: int,
                  seed: int):
-        x, y = split(data, "finetune_train")
-        cut = len(x) * 4 // 5
-        self.train, self.held_out = (x[:cut], y[:cut]), (torch.from_numpy(x[cut:]),
-                                                         torch.from_numpy(y[cut:]))
+        _, example = load_module(model)
+        xs, y = split(data, "finetune_train", list(example))  # forward's names
+        cut = len(y) * 4 // 5
+        self.train = ([a[:cut] for a in xs], y[:cut])
+        self.held_out = ([torch.from_numpy(a[cut:]) for a in xs], torch.from_numpy(y[cut:]))
         self.model, self.optimizer, self.weights = model, optimizer, weights
         self.layers, self.steps, self.seed = layers, steps, seed
 
@@ -82,17 +83,17 @@ class Probe:
         model, _ = load_module(self.model)
         model.load_state_dict(self.weights)
         optimizer = make_optimizer(model.train(), self.optimizer, select(rules, self.layers))
-        batch, (x, y) = self.model.batch_size, self.train
+        batch, (xs, y) = self.model.batch_size, self.train
         losses, epoch = [], 0
         while len(losses) < self.steps:
-            for index in batches(len(x), batch, self.seed, epoch):
+            for index in batches(len(y), batch, self.seed, epoch):
                 if len(losses) == self.steps:
                     break
-                losses.append(train_step(model, optimizer, x[index], y[index]))
+                losses.append(train_step(model, optimizer, *(a[index] for a in xs), y[index]))
             epoch += 1
         model.eval()
         with torch.no_grad():
-            held_out = float(torch.nn.functional.cross_entropy(model(self.held_out[0]),
+            held_out = float(torch.nn.functional.cross_entropy(model(*self.held_out[0]),
                                                                self.held_out[1]))
         train = float(np.mean(losses))
         return (train if np.isfinite(train) else float("inf"),

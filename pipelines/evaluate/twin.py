@@ -46,7 +46,9 @@ def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],
     return module.train()
 
 
-def step_batch(signature: dict, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A batch as the step takes it: labels in the step's shape (a decoder that flattens its
-    logits to one row per token takes one label per token)."""
-    return x, np.ascontiguousarray(y).reshape(signature["labels_shape"])
+def step_batch(signature: dict, *batch: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A batch (the model's inputs, then the labels) as the step takes it: labels in the
+    step's shape (a decoder that flattens its logits to one row per token takes one label per
+    token)."""
+    *inputs, labels = batch
+    return (*inputs, np.ascontiguousarray(labels).reshape(signature["labels_shape"]))

@@ -23,22 +23,23 @@ FILE = "weights.safetensors"
 def initial_weights(model, data: dict | None, seed: int) -> tuple[dict, dict]:
     """(state dict, metrics) of a torch model: seeded, pre-trained if configured."""
     seed_everything(seed)
-    module, _ = load_module(model)
+    module, example = load_module(model)
     if model.pretrain is None:
         return module.state_dict(), {}
     cfg = model.pretrain
     keep = [module_matcher(p) for p in cfg.keep_initial]
     initial = {k: v.clone() for k, v in module.state_dict().items()
                if any(match(k.rsplit(".", 1)[0]) for match in keep)}
-    x, y = split(data, "pretrain_train")
+    inputs = list(example)  # forward's names, bound to the data's columns
+    xs, y = split(data, "pretrain_train", inputs)
     optimizer = make_optimizer(module.train(), cfg)
     losses = []
     for epoch in range(cfg.epochs):
-        losses = [train_step(module, optimizer, x[i], y[i])
-                  for i in batches(len(x), cfg.batch_size, seed, epoch)]
+        losses = [train_step(module, optimizer, *(a[i] for a in xs), y[i])
+                  for i in batches(len(y), cfg.batch_size, seed, epoch)]
         print(f"pretrain epoch {epoch}: loss {np.mean(losses):.4f}", flush=True)
-    test_x, test_y = split(data, "pretrain_test")
-    metrics = {"pretrain_test_accuracy": accuracy(module, [test_x], test_y),
+    test_xs, test_y = split(data, "pretrain_test", inputs)
+    metrics = {"pretrain_test_accuracy": accuracy(module, test_xs, test_y),
                "pretrain_final_loss": float(np.mean(losses))}
     return {**module.state_dict(), **initial}, metrics
 
