@@ -120,13 +120,14 @@ def task_labels(task: str, shape: list, rng, high: int) -> np.ndarray:
 
 def assert_steps_match(compiled, model, optimizer, batches, rtol: float = 1e-4,
                        atol: float = 1e-6, change_rtol: float | None = None,
-                       loss_rtol: float | None = None) -> tuple[dict, dict]:
+                       loss_rtol: float | None = None, twin=None) -> tuple[dict, dict]:
     """Run the compiled step and PyTorch's step (models/torch_twin.py) from the same state for
     each batch: the losses within ``rtol`` at every step, every tensor of the state within
     ``rtol``/``atol`` at the end, parameters the scheme freezes bit-identical. Returns the state
     before and after, by the source's names.
 
-    ``loss_rtol``, if given, is the losses' tolerance instead of ``rtol``.
+    ``loss_rtol``, if given, is the losses' tolerance instead of ``rtol``. ``twin``, if given,
+    is PyTorch's module (holding the step's initial values) instead of ``model``'s twin.
 
     ``change_rtol`` compares each tensor's change instead: the L2 norm of (compiled change -
     PyTorch change) within ``change_rtol`` of PyTorch's change's norm, plus ``atol`` per element.
@@ -138,7 +139,7 @@ def assert_steps_match(compiled, model, optimizer, batches, rtol: float = 1e-4,
     from pipelines.models.torch_twin import make_optimizer, train_step
     from pipelines.runtime.step import CompiledStep, selection_of
 
-    twin = twin_of(compiled, model)
+    twin = twin if twin is not None else twin_of(compiled, model)
     before = {k: v.clone() for k, v in twin.state_dict().items()}
     step = CompiledStep(compiled.directory, compiled.initial)
     selection = selection_of(compiled.signature)

@@ -2,7 +2,7 @@
 rule that MobileNetV2 relies on, against PyTorch autograd: d/d(inputs) of sum(op(inputs) * r)
 for a random r. Tolerance: rtol 1e-4, atol 1e-5 (elementwise rules, slices); batch norm and
 layer norm rtol 1e-3, atol 1e-4 (reductions over the batch); depthwise conv rtol and atol 1e-4;
-index_tensor, max/min (ties shared as amax) and tril rtol 1e-4, atol 1e-5.
+index_tensor, gather_nd, max/min (ties shared as amax) and tril rtol 1e-4, atol 1e-5.
 An op without a rule is named with its binding, and the training graph's error names the
 PyTorch layer it came from."""
 import numpy as np
@@ -208,6 +208,18 @@ def test_index_tensor_matches_autograd_with_repeated_and_negative_indices():
     got = relax_grads(lambda a: relax.op.index_tensor(
         a, relax.Tuple([relax.const(rows), relax.const(cols)])), [x.shape], [x], w)
     want = torch_grads(lambda a: a[torch.tensor(rows), torch.tensor(cols)], [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
+def test_gather_nd_matches_autograd_with_repeated_and_negative_indices():
+    """ONNX GatherND as an exported classifier uses it: (row, position) pairs, one repeated,
+    one counted from the end."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 5, 4)).astype("float32")
+    pairs = np.array([[0, 4], [2, 1], [2, 1], [1, -1]], "int64")
+    w = rng.standard_normal((4, 4)).astype("float32")
+    got = relax_grads(lambda a: relax.op.gather_nd(a, relax.const(pairs, "int64")), [x.shape], [x], w)
+    want = torch_grads(lambda a: a[torch.tensor(pairs[:, 0]), torch.tensor(pairs[:, 1])], [x], w)
     np.testing.assert_allclose(got[0], want[0], **TOL)
 
 

@@ -154,41 +154,85 @@ def test_language_model_and_regression_heads_step_like_pytorch(tmp_path, host_pr
             assert torch.equal(loaded[name], value), name
 
 
-@pytest.mark.slow
-def test_an_onnx_export_with_mask_and_token_types_takes_all_three_inputs(tmp_path, host_profile):
-    """BERT as torch.onnx's default (dynamo) exporter writes it: three inputs (ids, mask, token
-    types), each a step input in the file's order, the batch bound from batch_size. The
-    step's first loss is PyTorch's for the same batch, and the step trains. (The optimized
-    export renames and transposes most weights, val_NNN: their update is not compared by name
-    here; see docs/frontends.md.)"""
-    from pipelines.models.torch_twin import task_loss
-    from pipelines.runtime.step import CompiledStep
+def onnx_export(module, example: dict, path, **options):
+    """``module`` as torch.onnx.export writes it by default (the dynamo exporter, optimized),
+    inputs by name, static shapes."""
+    torch.onnx.export(module, (), path, kwargs=example, dynamo=True, input_names=list(example),
+                      output_names=["logits"], **options)
+    return path
 
+
+# family: the parameters the default export folds into constants with other values (frozen)
+FOLDED = {"llama": [], "qwen2": [], "gpt2": ["transformer.wpe.weight"],
+          "bert": ["bert.embeddings.position_embeddings.weight"],
+          "vit": ["vit.embeddings.cls_token"], "resnet": []}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(SPARSE))
+@pytest.mark.parametrize("scheme", ["full", "sparse"])
+def test_an_onnx_export_steps_like_pytorch_under_the_state_dict_names(tmp_path, host_profile,
+                                                                       family, scheme):
+    """Each family exported to ONNX as torch.onnx writes it by default (ResNet with
+    optimize=False: the default folds its batch norm, which is refused): the step's parameters
+    are the module's, under its state-dict names (transposed weights, merged and dropped-zero
+    parameters mapped back; graph constants never trained), but those the export folded into
+    constants (frozen, named). Three steps against PyTorch's module, rtol 1e-4, frozen
+    bit-identical."""
+    from pipelines.frontends.onnx import frozen_by_export, load_onnx, prepare
+
+    source = hf_model(family)
+    torch.manual_seed(0)
+    module, example = load_module(source)
+    path = onnx_export(module, example, tmp_path / f"{family}.onnx",
+                       optimize=family != "resnet")
+    model = Model(frontend="onnx", source=str(path), batch_size=BATCH)
+    params = {name for name, _ in module.named_parameters()}
+    # named at import, with the buffers folded alike (LLaMA's rotary table, BERT's positions)
+    assert set(frozen_by_export(prepare(load_onnx(path), BATCH, path))) & params == set(
+        FOLDED[family])
+    rules = FULL if scheme == "full" else sparse_rules(family)
+    compiled = compile(model, rules, OPT, host_profile, tmp_path / "build", scheme_name=scheme)
+    names = compiled.signature["source_names"]
+    trainable = {names[p] for p in compiled.signature["trainable"]}
+    if scheme == "full":
+        assert trainable == params - set(FOLDED[family])
+    else:
+        block, modules, head = SPARSE[family]
+        assert {n.rsplit(".", 1)[0] for n in trainable} <= {head} | {
+            f"{block}.{m}" for m in modules}
+    assert set(names.values()) <= set(module.state_dict())
+    before, after = assert_steps_match(compiled, None, OPT, batches(source), rtol=1e-4,
+                                       twin=module)
+    assert [n for n in trainable if not torch.equal(before[n], after[n])], "nothing updated"
+
+
+def test_an_export_that_folded_batch_norm_is_refused_with_the_export_that_keeps_it(tmp_path):
+    from pipelines.frontends.onnx import load_onnx, prepare
+
+    torch.manual_seed(0)
+    module, example = load_module(hf_model("resnet"))
+    path = onnx_export(module, example, tmp_path / "resnet.onnx")
+    with pytest.raises(ConfigError, match=r"resnet\.onnx: the exporter folded batch norm into "
+                                          r".*optimize=False"):
+        prepare(load_onnx(path), BATCH, path)
+
+
+@pytest.mark.slow
+def test_an_onnx_export_with_dynamic_shapes_is_named(tmp_path, host_profile):
+    """BERT exported with a dynamic batch: the graph computes shapes that TVM's importer
+    cannot; the node is named, with the advice to export with static shapes."""
     torch_model = Model(frontend="torch", source=SOURCE, entry="bert_classifier",
                         batch_size=BATCH)
     torch.manual_seed(0)
     module, example = load_module(torch_model)
-    path = tmp_path / "bert.onnx"
-    export = dict(dynamo=True, input_names=list(example), output_names=["logits"])
-    # With a dynamic batch, the graph computes shapes that TVM's importer cannot: named.
-    torch.onnx.export(module, tuple(example.values()), tmp_path / "dynamic.onnx",
-                      dynamic_shapes=({0: "batch"},) * 3, **export)
+    torch.onnx.export(module, tuple(example.values()), tmp_path / "dynamic.onnx", dynamo=True,
+                      input_names=list(example), output_names=["logits"],
+                      dynamic_shapes=({0: "batch"},) * 3)
     with pytest.raises(ConfigError, match=r"dynamic\.onnx: node '.*' \(Reshape\) cannot be "
                                           r"converted: .*export with static shapes"):
         compile(Model(frontend="onnx", source=str(tmp_path / "dynamic.onnx"),
                       batch_size=BATCH), FULL, OPT, host_profile, tmp_path / "dynamic")
-    torch.onnx.export(module, tuple(example.values()), path, **export)
-    compiled = compile(Model(frontend="onnx", source=str(path), batch_size=BATCH), FULL, OPT,
-                       host_profile, tmp_path / "build")
-    assert compiled.signature["data"] == [*example, "labels"]
-    step = CompiledStep(compiled.directory, compiled.initial)
-    batch = batches(torch_model)[0]
-    with torch.no_grad():
-        logits = module(*(torch.from_numpy(b) for b in batch[:-1]))
-    want = task_loss("classification", logits, torch.from_numpy(batch[-1])).item()
-    losses = [step.step(*batch) for _ in range(3)]
-    assert losses[0] == pytest.approx(want, rel=1e-5)
-    assert losses[2] < losses[0]
 
 
 def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):

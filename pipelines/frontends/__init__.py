@@ -50,15 +50,18 @@ def import_model(model, weights: Path, out: Path) -> str:
     if model.frontend == "onnx":
         import onnx
 
-        from pipelines.frontends.onnx import check_supported, load_onnx, prepare, trainable
+        from pipelines.frontends.onnx import (check_supported, frozen_by_export, load_onnx,
+                                              prepare, trainable)
 
         proto = prepare(load_onnx(source), model.batch_size, source, model.dims)
         check_supported(proto.graph, source)
         onnx.save(proto, str(out / "model.onnx"))
         layers = describe_onnx(proto, trainable(proto), model.blocks)
         write_json_atomic(out / "layers.json", layers)
+        lost = frozen_by_export(proto)
         return (f"imported {source}: {len(proto.graph.node)} ONNX nodes, "
-                f"{len(layers['parameters'])} trainable parameters")
+                f"{len(layers['parameters'])} trainable parameters"
+                + (f"; folded into constants by the exporter, so frozen: {lost}" if lost else ""))
     from pipelines.frontends.jax import import_stablehlo
 
     return import_stablehlo(model, source, out)

@@ -4,7 +4,8 @@
 
 - Every floating-point initializer is a parameter under its ONNX name (a model exported from
   PyTorch keeps its state-dict names, so one scheme fits both paths); other initializers
-  (shapes, indices) stay constants.
+  (shapes, indices) stay constants. A dynamo export says which initializers are parameters;
+  only those are, under the state-dict names onnx_dynamo.py maps back.
 - BatchNormalization runs in training mode, as PyTorch's ``train()`` does: batch statistics,
   and its running mean and variance become buffers the step returns updated. An ONNX file is
   usually exported for inference; fine-tuning it is training.
@@ -27,9 +28,12 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_conver
 from pipelines.config import ConfigError
 from pipelines.ir import identifier
 from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
+from pipelines.frontends.onnx_dynamo import (fold_constants, is_dynamo_export, parameters,
+                                             restore_parameters)
 
 # Ops the importer handles without a converter class.
 BUILT_IN = {"Constant", "If"}
+FROZEN_BY_EXPORT = "pock.frozen_by_export"
 
 
 def load_onnx(path: Path) -> onnx.ModelProto:
@@ -94,7 +98,12 @@ def prepare(model: onnx.ModelProto, batch_size: int, source="model",
     """``model`` as the import stage saves it, with static shapes (a compiled step has them):
     each input's symbolic first dimension set to ``batch_size``, any other symbolic dimension
     to its value in ``dims`` (by the name the export gave it, e.g. ``sequence``); and shared
-    initializers undone. A symbolic dimension ``dims`` does not bind is an error naming it."""
+    initializers undone; a dynamo export's parameters back under their state-dict names
+    (onnx_dynamo.py; those it folded into constants are listed in the model's metadata,
+    ``FROZEN_BY_EXPORT``). A symbolic dimension ``dims`` does not bind is an error naming it."""
+    lost = []
+    if is_dynamo_export(model):
+        model, lost = restore_parameters(model, source)
     model = undo_shared_initializers(model)
     dims = dims or {}
     for data in graph_inputs(model, source):
@@ -112,18 +121,33 @@ def prepare(model: onnx.ModelProto, batch_size: int, source="model",
                     f"config: dims: {{{dim.dim_param or '<name>'}: <size>}} (e.g. "
                     f"models.<model>.dims.{dim.dim_param or 'sequence'}=128); axis 0 takes "
                     "batch_size")
+    if is_dynamo_export(model):  # shapes are static now: fold what they computed
+        model = fold_constants(model)
+    if lost:
+        model.metadata_props.add(key=FROZEN_BY_EXPORT, value=repr(lost))
     return model
 
 
+def frozen_by_export(model: onnx.ModelProto) -> list[str]:
+    """The parameters a dynamo export folded into constants (``prepare`` lists them)."""
+    import ast
+
+    props = {p.key: p.value for p in model.metadata_props}
+    return ast.literal_eval(props.get(FROZEN_BY_EXPORT, "[]"))
+
+
 def trainable(model: onnx.ModelProto) -> list[str]:
-    """The initializers a step trains: floating point, not batch-norm statistics; in the order
-    the graph first uses them (model order, as a PyTorch state dict has it)."""
+    """The initializers a step trains: floating point, not batch-norm statistics (a dynamo
+    export's: those it marks as parameters); in the order the graph first uses them (model
+    order, as a PyTorch state dict has it)."""
     stats = set(statistics(model.graph))
+    marked = parameters(model) if is_dynamo_export(model) else None
     first_use: dict[str, tuple[int, int]] = {}
     for index, node in enumerate(model.graph.node):
         for position, name in enumerate(node.input):
             first_use.setdefault(name, (index, position))
-    names = [t.name for t in model.graph.initializer if is_float(t) and t.name not in stats]
+    names = [t.name for t in model.graph.initializer if is_float(t) and t.name not in stats
+             and (marked is None or t.name in marked)]
     return sorted(names, key=lambda name: first_use.get(name, (len(model.graph.node), 0)))
 
 
@@ -141,10 +165,12 @@ class _Importer(ONNXGraphImporter):
     """TVM's importer with trainable initializers, training-mode batch norm, and a record of the
     ONNX node behind every Relax var it returns."""
 
-    def __init__(self, shape_dict: dict, buffers: list[str], source="model"):
+    def __init__(self, shape_dict: dict, buffers: list[str], trained: list[str],
+                 source="model"):
         super().__init__(shape_dict, "float32", keep_params_in_input=True, sanitize=True)
         self.source = source
         self.buffer_names = set(buffers)
+        self.trained = set(trained)
         self.names: dict[str, tuple[str, str]] = {}  # relax name -> (kind, ONNX name)
         self.buffer_vars: dict[str, relax.Var] = {}
         self.updates: list[tuple[relax.Var, relax.Var]] = []
@@ -154,8 +180,9 @@ class _Importer(ONNXGraphImporter):
         taken: set[str] = set()
         for tensor in graph.initializer:
             array = self._parse_array(tensor)
-            if not is_float(tensor):
-                self._nodes[tensor.name] = relax.const(array)
+            if not is_float(tensor) or not (tensor.name in self.trained
+                                            or tensor.name in self.buffer_names):
+                self._nodes[tensor.name] = relax.const(array)  # a graph constant
                 continue
             var = self._new_var(identifier(tensor.name, taken), shape=array.shape,
                                 dtype=array.dtype)
@@ -235,7 +262,7 @@ def translate_onnx(model: onnx.ModelProto, source="model") -> tuple[relax.Functi
                               "prepare() binds them")
         shapes[data.name] = shape
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    importer = _Importer(shapes, statistics(graph), source)
+    importer = _Importer(shapes, statistics(graph), trainable(model), source)
     main = importer.from_onnx(graph, opset)["main"].with_attr("num_input", len(shapes))
     # The buffers join the inputs in the order their updates were met (the step returns them
     # in that order).

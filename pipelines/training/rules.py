@@ -1,8 +1,9 @@
 """Gradient rules that TVM 0.27's Relax lacks and the reference models need (MobileNetV2:
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
 embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU; Hugging
-Face transformers: index_tensor (a classifier reading each sequence's last token), max/min and
-tril (attention masks); Keras: pad (ZeroPadding2D)), and the one it gets wrong for broadcast
+Face transformers: index_tensor (a classifier reading each sequence's last token; gather_nd, the
+same in an ONNX export), max/min and tril (attention masks); Keras: pad (ZeroPadding2D)), and
+the one it gets wrong for broadcast
 operands (where: REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
@@ -144,6 +145,22 @@ def index_tensor_grad(orig_var, orig_call, output_grad, ctx):
             no_grad(indices)]
 
 
+def gather_nd_grad(orig_var, orig_call, output_grad, ctx):
+    """y = gather_nd(x, i) (ONNX GatherND: the last axis of i indexes x's leading axes; an
+    exported classifier reading each sequence's last token): dx is zeros with dy added at the
+    gathered positions, repeats accumulating. Batch dimensions are not handled."""
+    x, indices = orig_call.args
+    if orig_call.attrs.batch_dims:
+        raise NotImplementedError("the gradient of gather_nd with batch_dims > 0")
+    dims = shape_of(x)
+    index = astype(indices, "int64")
+    # negative positions count from the end, one axis per index column
+    wrapped = add(index, relax.const(np.array(dims[:shape_of(indices)[-1]]), "int64"))
+    index = where(less(index, relax.const(0, "int64")), wrapped, index)
+    zeros = relax.op.zeros(relax.ShapeExpr(dims), dtype_of(x))
+    return [scatter_nd(zeros, index, output_grad, reduction="add"), no_grad(indices)]
+
+
 def extremum_grad(orig_var, orig_call, output_grad, ctx):
     """y = max(x, axes) (or min): dy goes to the positions holding the extremum, shared equally
     among ties, as torch.amax / amin."""
@@ -234,6 +251,7 @@ RULES = {
     "relax.strided_slice": strided_slice_grad,
     "relax.nn.pad": pad_grad,
     "relax.index_tensor": index_tensor_grad,
+    "relax.gather_nd": gather_nd_grad,
     "relax.max": extremum_grad,
     "relax.min": extremum_grad,
     "relax.tril": tril_grad,

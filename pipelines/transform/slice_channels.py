@@ -176,7 +176,14 @@ class _Slicer:
             data, grad, strides=[int(s) for s in attrs.strides],
             padding=[int(p) for p in attrs.padding], dilation=[int(d) for d in attrs.dilation],
             groups=groups, data_layout="CNHW", kernel_layout="IOHW", out_layout="CNHW",
-            out_dtype=str(attrs.out_dtype) or None), name)
+            out_dtype=_dtype_or_none(attrs.out_dtype)), name)
+
+
+def _dtype_or_none(dtype) -> str | None:
+    """A conv's out_dtype attribute as conv2d takes it: None where it is unset (an ONNX
+    import leaves it None, the PyTorch one an empty dtype)."""
+    text = "" if dtype is None else str(dtype)
+    return text if text not in ("", "void") else None
 
 
 def _sliced_updates(step: relax.Function, signature: dict,
