@@ -138,6 +138,8 @@ def test_language_model_and_regression_heads_step_like_pytorch(tmp_path, host_pr
     compiled = compile(model, rules, OPT, host_profile, tmp_path, scheme_name=scheme)
     rng = np.random.default_rng(0)
     labels = compiled.signature["data_types"]["labels"]["shape"]
+    if task == "regression":  # config: {num_labels: 1} took: one score per sequence
+        assert labels == [BATCH, 1]
     steps = [b[:-1] + (task_labels(task, labels, rng, 128),) for b in batches(model)]
     before, after = assert_steps_match(compiled, model, OPT, steps, rtol=1e-4)
     names = compiled.signature["source_names"]
@@ -321,3 +323,32 @@ def test_a_model_input_the_data_lacks_is_named():
                                           r"columns \['train_token_type_ids'\]; this data has "
                                           r"\['attention_mask'\]"):
         split(data, "train", ["input_ids", "token_type_ids"])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_the_paper_transformer_scheme_selects_by_the_checkpoint_names(family):
+    """conf/sparse/transformer_paper.yaml on transformers' own names, its blocks found from
+    them (model.layers.N): the attention projections and the first FFN linears of the last
+    two blocks."""
+    import yaml
+
+    from pipelines.frontends.layers import describe_layers
+    from pipelines.io import ROOT
+    from pipelines.training.scheme import select
+
+    module, _ = load_module(hf_model(family, config={"num_hidden_layers": 3}))
+    layers = describe_layers(module)
+    assert layers["blocks"] == ["model.layers.0", "model.layers.1", "model.layers.2"]
+    rules = yaml.safe_load((ROOT / "conf/sparse/transformer_paper.yaml").read_text())["rules"]
+    selected = select(rules, layers)
+    assert set(selected) == {f"model.layers.{b}.{m}.weight" for b in (1, 2) for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj")}
+
+
+def test_blocks_are_found_from_numbered_module_paths():
+    from pipelines.frontends.layers import repeated_blocks
+
+    assert repeated_blocks(["embed", "enc.layer.0.attn", "enc.layer.0.ffn.0", "enc.layer.1.attn",
+                            "enc.layer.1.ffn.0", "head.1"]) == ["enc.layer.0", "enc.layer.1"]
+    assert repeated_blocks(["conv1", "fc"]) == []

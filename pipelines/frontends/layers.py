@@ -145,9 +145,32 @@ def onnx_kind(node) -> str:
             "LayerNormalization": "norm", "Gather": "embedding"}.get(node.op_type, "other")
 
 
+def repeated_blocks(modules: list[str]) -> list[str]:
+    """The blocks a model's names show when no pattern says: the numbered children of the
+    shallowest module path that has at least two (model.layers.0, model.layers.1, ...:
+    transformers' ModuleLists, a Sequential's stages)."""
+    numbered: dict[str, list[str]] = {}
+    for module in modules:
+        parts = module.split(".")
+        for end in range(1, len(parts)):
+            if parts[end].isdigit():
+                children = numbered.setdefault(".".join(parts[:end]), [])
+                child = ".".join(parts[:end + 1])
+                if child not in children:
+                    children.append(child)
+    candidates = [p for p, children in numbered.items() if len(children) >= 2]
+    if not candidates:
+        return []
+    return numbered[min(candidates, key=lambda p: (p.count("."), modules.index(
+        next(m for m in modules if m.startswith(p + ".")))))]
+
+
 def block_paths(modules: list[str], patterns: list[str]) -> list[str]:
     """The blocks: each prefix of a module path that one of ``patterns`` (globs over module
-    paths, e.g. "features.*", or "re:" and a regular expression) matches, in model order."""
+    paths, e.g. "features.*", or "re:" and a regular expression) matches, in model order;
+    without patterns, the repeated blocks the names show (``repeated_blocks``)."""
+    if not patterns:
+        return repeated_blocks(modules)
     matchers = [module_matcher(p) for p in patterns]
     blocks: list[str] = []
     for module in modules:

@@ -55,8 +55,13 @@ def config_of(model):
     if unknown:  # num_labels is a property (of id2label), not a key of the dict
         raise ConfigError(f"models.<name>.config has keys {unknown} that {type(config).__name__} "
                           f"does not; allowed: {sorted({*config.to_dict(), 'num_labels'})}")
-    for key, value in model.config.items():
-        setattr(config, key, value)
+    if model.config:
+        values = config.to_dict()
+        if "num_hidden_layers" in model.config:  # per-layer lists (Qwen2's layer_types) follow
+            layers = values.get("num_hidden_layers")
+            values = {k: v for k, v in values.items() if k == "architectures" or k in model.config
+                      or not (isinstance(v, list) and len(v) == layers)}
+        config = type(config).from_dict({**values, **model.config})
     for key, value in config.to_dict().items():
         if ("dropout" in key or key.endswith("pdrop")) and isinstance(value, float):
             setattr(config, key, 0.0)
