@@ -113,7 +113,8 @@ def describe_layers(model: torch.nn.Module, patterns: list[str] = ()) -> dict:
                           if module_path == b or module_path.startswith(b + ".")), None)
             # a module's own tensors other than its bias (ViT's cls_token, position embeddings)
             # are weights, as schemes' ``update`` counts them
-            params.append({"name": f"{module_path}.{leaf}", "module": module_path,
+            name = f"{module_path}.{leaf}" if module_path else leaf  # the root's own
+            params.append({"name": name, "module": module_path,
                            "kind": layer_kind(module), "role": "bias" if leaf == "bias" else
                            "weight", "block": block, "shape": list(param.shape)})
     return {"blocks": blocks, "parameters": params}

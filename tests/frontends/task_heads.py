@@ -22,8 +22,19 @@ def token_logits(batch_size: int):
     return TokenLogits(), {"input_ids": torch.randint(0, VOCAB, (batch_size, SEQ))}
 
 
+class Regressor(torch.nn.Module):
+    """[batch, features] -> [batch, 2] values, times a learned 0-d scale held by the root
+    module itself (its state-dict name is ``scale``, its shape ())."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(),
+                                       torch.nn.Linear(8, 2))
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, input):
+        return self.net(input) * self.scale
+
+
 def regressor(batch_size: int):
-    """[batch, features] -> [batch, 2] values."""
-    module = torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(),
-                                 torch.nn.Linear(8, 2))
-    return module, {"input": torch.randn(batch_size, FEATURES)}
+    return Regressor(), {"input": torch.randn(batch_size, FEATURES)}
