@@ -221,20 +221,31 @@ def test_an_export_that_folded_batch_norm_is_refused_with_the_export_that_keeps_
 
 
 @pytest.mark.slow
-def test_an_onnx_export_with_dynamic_shapes_is_named(tmp_path, host_profile):
-    """BERT exported with a dynamic batch: the graph computes shapes that TVM's importer
-    cannot; the node is named, with the advice to export with static shapes."""
-    torch_model = Model(frontend="torch", source=SOURCE, entry="bert_classifier",
-                        batch_size=BATCH)
+def test_an_onnx_export_with_dynamic_shapes_takes_them_from_the_config(tmp_path, host_profile):
+    """BERT exported with a dynamic batch and sequence length (its shape arithmetic computed
+    from them): the batch comes from batch_size, the sequence from dims (by the name the export
+    gave it; without it the import names the dimension and the key), the shape arithmetic is
+    folded, and the step's first loss is PyTorch's on the same batch."""
+    from pipelines.models.torch_twin import task_loss
+    from pipelines.runtime.step import CompiledStep
+
+    source = hf_model("bert")
     torch.manual_seed(0)
-    module, example = load_module(torch_model)
-    torch.onnx.export(module, tuple(example.values()), tmp_path / "dynamic.onnx", dynamo=True,
-                      input_names=list(example), output_names=["logits"],
-                      dynamic_shapes=({0: "batch"},) * 3)
-    with pytest.raises(ConfigError, match=r"dynamic\.onnx: node '.*' \(Reshape\) cannot be "
-                                          r"converted: .*export with static shapes"):
-        compile(Model(frontend="onnx", source=str(tmp_path / "dynamic.onnx"),
-                      batch_size=BATCH), FULL, OPT, host_profile, tmp_path / "dynamic")
+    module, example = load_module(source)
+    path = onnx_export(module, example, tmp_path / "dynamic.onnx",
+                       dynamic_shapes={n: {0: "batch", 1: "sequence"} for n in example})
+    with pytest.raises(ConfigError, match=r"dynamic\.onnx: input 'input_ids' has a dynamic "
+                                          r"dimension 'sequence' at axis 1; bind it"):
+        compile(Model(frontend="onnx", source=str(path), batch_size=BATCH), FULL, OPT,
+                host_profile, tmp_path / "unbound")
+    compiled = compile(Model(frontend="onnx", source=str(path), batch_size=BATCH,
+                             dims={"sequence": SEQ}), FULL, OPT, host_profile, tmp_path / "build")
+    batch = batches(source)[0]
+    with torch.no_grad():
+        want = task_loss("classification", module(*(torch.from_numpy(b) for b in batch[:-1])),
+                         torch.from_numpy(batch[-1])).item()
+    step = CompiledStep(compiled.directory, compiled.initial)
+    assert step.step(*batch) == pytest.approx(want, rel=1e-5)
 
 
 def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):

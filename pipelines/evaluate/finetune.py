@@ -57,7 +57,7 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     reference = torch_twin(model, signature, initial)
     evaluator = torch_twin(model, signature, initial)  # holds the compiled step's weights
     update = make_optimizer(reference, optimizer, selection_of(signature))
-    inputs = signature["data"][:-1]  # the step's inputs by name, then its labels
+    inputs = signature["data"][:-1]  # the step's inputs by name (the last is the labels)
     xs, y = split(data, "finetune_train", inputs)
     test_xs, test_y = split(data, "finetune_test", inputs)
     batch = model.batch_size

@@ -15,9 +15,8 @@ def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],
     """The twin of the step with ``signature`` starting from ``initial`` (values by Relax
     name); without its LoRA adapters when ``adapters`` is false (the plain model)."""
     if not model.in_pytorch:
-        raise ConfigError(f"a PyTorch twin needs a torch or transformers model; this one's "
-                          f"frontend is "
-                          f"{model.frontend!r}")
+        raise ConfigError("a PyTorch twin needs a torch or transformers model; this one's "
+                          f"frontend is {model.frontend!r}")
     module, _ = load_module(model)
     names = signature["source_names"]
     lora = signature.get("lora")

@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import ast
 import math
 from pathlib import Path
 
@@ -129,9 +130,8 @@ def prepare(model: onnx.ModelProto, batch_size: int, source="model",
 
 
 def frozen_by_export(model: onnx.ModelProto) -> list[str]:
-    """The parameters a dynamo export folded into constants (``prepare`` lists them)."""
-    import ast
-
+    """The parameters (and buffers) a dynamo export folded into constants with other values
+    (``prepare`` lists them)."""
     props = {p.key: p.value for p in model.metadata_props}
     return ast.literal_eval(props.get(FROZEN_BY_EXPORT, "[]"))
 
