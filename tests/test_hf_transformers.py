@@ -13,6 +13,11 @@ The same for the other heads, each by its class name (``architecture``) on the s
 with its task's loss (pipelines/training/loss.py): LLaMA and GPT-2 (head tied to the
 embeddings) as causal LMs, BERT as a masked LM and as a regressor (``config: {num_labels: 1}``).
 The fine-tuned weights go back as a directory ``from_pretrained`` loads.
+
+Each family also as torch.onnx's default (dynamo) exporter writes it: the step trains the
+module's parameters under their state-dict names (pipelines/frontends/onnx_dynamo.py maps the
+export's renamed, transposed, merged and dropped ones back), full BP and the same sparse scheme,
+against PyTorch's module with the same tolerance.
 """
 import numpy as np
 import pytest
@@ -72,7 +77,7 @@ def batches(model: Model, count: int = 3) -> list[tuple]:
     rng = np.random.default_rng(0)
 
     def draw(name: str, value: torch.Tensor) -> np.ndarray:
-        rows, *shape = value.shape
+        rows = value.shape[0]
         if name == "input_ids":
             return rng.integers(1, 128, value.shape).astype("int64")
         if name in ("attention_mask", "token_type_ids"):
@@ -158,7 +163,7 @@ def test_language_model_and_regression_heads_step_like_pytorch(tmp_path, host_pr
 
 def onnx_export(module, example: dict, path, **options):
     """``module`` as torch.onnx.export writes it by default (the dynamo exporter, optimized),
-    inputs by name, static shapes."""
+    inputs by name, static shapes unless ``options`` give dynamic ones."""
     torch.onnx.export(module, (), path, kwargs=example, dynamo=True, input_names=list(example),
                       output_names=["logits"], **options)
     return path
@@ -363,3 +368,20 @@ def test_blocks_are_found_from_numbered_module_paths():
     assert repeated_blocks(["embed", "enc.layer.0.attn", "enc.layer.0.ffn.0", "enc.layer.1.attn",
                             "enc.layer.1.ffn.0", "head.1"]) == ["enc.layer.0", "enc.layer.1"]
     assert repeated_blocks(["conv1", "fc"]) == []
+
+
+def test_a_model_file_wrapping_transformers_is_the_same_model_under_a_prefix():
+    """The model-file route (frontend torch, tests/frontends/hf_models.py wrapping BERT) and
+    the transformers frontend give the same module: the file's names carry the wrapper's
+    ``model.`` prefix, and with the same weights the logits are the same."""
+    torch.manual_seed(0)
+    wrapped, example = load_module(Model(frontend="torch", source=SOURCE,
+                                         entry="bert_classifier", batch_size=BATCH))
+    module, own = load_module(hf_model("bert"))
+    assert list(example) == list(own) == BERT_INPUTS
+    state = wrapped.state_dict()
+    assert sorted(state) == sorted(f"model.{k}" for k in module.state_dict())
+    module.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped.eval()(**example), module.eval()(**example),
+                                   rtol=0, atol=0)
