@@ -284,6 +284,8 @@ def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):
                                    r"LlamaForSequenceClassification: \['input_ids', "
                                    r"'attention_mask'"),
     ({"dims": {}}, r"dims\.sequence"),
+    ({"dims": {"sequence": 65}}, r"dims\.sequence=65 is longer than the model's "
+                                 r"max_position_embeddings \(64\); allowed: 1\.\.64"),
     ({"source": "tests/frontends"}, r"tests/frontends: no config\.json"),
 ])
 def test_a_bad_transformers_model_is_named(keys, error):

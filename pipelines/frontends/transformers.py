@@ -140,6 +140,10 @@ def example_inputs(model, config, names: list[str]) -> dict[str, torch.Tensor]:
             examples[name] = torch.randn(batch, channels, size, size)
             continue
         seq = _size(model, "sequence", getattr(data, "seq_len", None))
+        longest = getattr(config, "max_position_embeddings", None)
+        if longest and seq > longest:
+            raise ConfigError(f"models.<name>.dims.sequence={seq} is longer than the model's "
+                              f"max_position_embeddings ({longest}); allowed: 1..{longest}")
         if name == "input_ids":
             examples[name] = torch.randint(1, config.vocab_size, (batch, seq))
         elif name == "attention_mask":
