@@ -10,7 +10,7 @@ import sys
 
 from pipelines.config import HOST, load_params, run_stage
 from pipelines.evaluate.case import synthetic_batch
-from pipelines.evaluate.device import RTOL, run_on_device, summary
+from pipelines.evaluate.device import CHANGE_RTOL, RTOL, run_on_device, summary
 from pipelines.io import load_arrays, read_json, write_json_atomic
 from pipelines.layout import case_dir, device_dir, metrics_path
 from pipelines.profiles import resolved_profile
@@ -26,7 +26,9 @@ def main(name: str, device: str) -> None:
     print(summary(metrics))
     if metrics.get("matches_host") is False:  # recorded, and the stage fails: a wrong build
         sys.exit(f"error: {device}'s step does not match the host build's (worst output "
-                 f"{metrics['worst_diff_over_tolerance']:.1f}x over rtol {RTOL})")
+                 f"{metrics['worst_diff_over_tolerance']:.1f}x over rtol {RTOL}; an updated "
+                 f"tensor's change {metrics['worst_change_error']:.1%} off the host's, allowed "
+                 f"{CHANGE_RTOL:.0%})")
 
 
 if __name__ == "__main__":

@@ -387,3 +387,24 @@ def test_rpc_without_a_tracker_fails_at_once(tmp_path):
     with pytest.raises(ConfigError, match="no RPC tracker answers at remote.tracker=127.0.0.1:"):
         run_rpc(tmp_path / "step.so", [], _rpc_profile(f"127.0.0.1:{_free_port()}"), 1, 1)
     assert time.time() - start < 10
+
+
+def test_a_device_step_matches_elementwise_or_by_its_change():
+    """The device check (pipelines/evaluate/device.compare): a gradient element flipped at a
+    ReLU6 edge moves one update a few percent of its change: it matches; an update off by its
+    whole change, or a different loss, does not."""
+    from pipelines.evaluate.device import compare
+
+    rng = np.random.default_rng(0)
+    before = rng.standard_normal(200).astype("float32")
+    change = 1e-3 * rng.standard_normal(200).astype("float32")
+    host = [np.float32(2.3), before + change]
+    assert compare(host, host, [None, before])["matches_host"]
+    flipped = change.copy()
+    flipped[7] *= 0.5  # one element's gradient halved: a few percent of the change
+    result = compare([host[0], before + flipped], host, [None, before])
+    assert result["matches_host"] and result["worst_diff_over_tolerance"] > 1
+    assert 0 < result["worst_change_error"] < 0.05
+    wrong = compare([host[0], before - change], host, [None, before])
+    assert not wrong["matches_host"] and wrong["worst_change_error"] > 1
+    assert not compare([np.float32(2.4), host[1]], host, [None, before])["matches_host"]
