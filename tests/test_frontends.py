@@ -150,11 +150,9 @@ def jax_reference(apply, params, batches_, buffers=None, trainable=None
     if buffers is None:
         plain = apply
         apply = lambda params, x: (plain(params, x), None)
-    # compiled once: op-by-op, MobileNetV2's gradient took minutes
-    value_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
     momenta, losses = None, []
     for x, y in batches_:
-        (value, new), grads = value_and_grad(params, buffers, x, y)
+        (value, new), grads = jax.value_and_grad(loss, has_aux=True)(params, buffers, x, y)
         losses.append(float(value))
         buffers = new
         grads = jax.tree_util.tree_map(lambda g, w: np.asarray(g) + OPT.weight_decay * w,
