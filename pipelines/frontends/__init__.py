@@ -22,7 +22,6 @@ from pipelines.frontends.torch_module import is_program
 from pipelines.frontends.weights import FILE as WEIGHTS, load_weights
 from pipelines.io import ROOT, write_json_atomic
 
-FRONTENDS = ("torch", "transformers", "onnx", "jax", "keras")
 
 
 def import_model(model, weights: Path, out: Path) -> str:
