@@ -23,7 +23,6 @@ from pipelines.frontends.weights import FILE as WEIGHTS, load_weights
 from pipelines.io import ROOT, write_json_atomic
 
 
-
 def import_model(model, weights: Path, out: Path) -> str:
     """The model (a pipelines/config.py Model) imported into ``out``, starting from the weights
     in ``weights`` (the weights stage's directory; torch models); a one-line summary."""
