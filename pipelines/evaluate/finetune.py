@@ -18,7 +18,7 @@ from pipelines.config import ConfigError
 from pipelines.data import split
 from pipelines.evaluate.twin import step_batch, torch_twin
 from pipelines.models.lora import adapter_state, merged_state
-from pipelines.models.torch_twin import accuracy, batches, make_optimizer, train_step
+from pipelines.models.torch_twin import accuracy, batches, make_optimizer, one_thread, train_step
 from pipelines.progress import progress
 from pipelines.runtime.step import CompiledStep, selection_of
 
@@ -47,6 +47,7 @@ class Finetuned:
         return tensors if filename == "merged.safetensors" else None
 
 
+@one_thread()  # PyTorch's accuracies then do not depend on the machine's core count
 def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, seed: int,
              lora=None, name: str = "case") -> Finetuned:
     """Fine-tune the step built in ``build`` from ``initial`` (values by Relax name) for

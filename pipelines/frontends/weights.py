@@ -14,14 +14,17 @@ import torch
 
 from pipelines.data import split
 from pipelines.frontends.torch_module import load_module
-from pipelines.models.torch_twin import accuracy, batches, make_optimizer, seed_everything, train_step
+from pipelines.models.torch_twin import (accuracy, batches, make_optimizer, one_thread,
+                                         seed_everything, train_step)
 from pipelines.patterns import module_matcher
 
 FILE = "weights.safetensors"
 
 
+@one_thread()
 def initial_weights(model, data: dict | None, seed: int) -> tuple[dict, dict]:
-    """(state dict, metrics) of a torch model: seeded, pre-trained if configured."""
+    """(state dict, metrics) of a torch model: seeded, pre-trained if configured (on one
+    thread: the same weights on any machine's core count)."""
     seed_everything(seed)
     module, example = load_module(model)
     if model.pretrain is None:
