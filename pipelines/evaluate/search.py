@@ -29,7 +29,8 @@ from pipelines.compile import sparse_update
 from pipelines.config import ConfigError
 from pipelines.data import split
 from pipelines.frontends.torch_module import load_module
-from pipelines.models.torch_twin import batches, make_optimizer, seed_everything, train_step
+from pipelines.models.torch_twin import (batches, make_optimizer, one_thread, seed_everything,
+                                         train_step)
 from pipelines.progress import progress
 from pipelines.training.scheme import rule_matches, select
 
@@ -75,6 +76,7 @@ class Probe:
         self.model, self.optimizer, self.weights = model, optimizer, weights
         self.layers, self.steps, self.seed = layers, steps, seed
 
+    @one_thread()  # the same losses, so the same choice, on any core count
     def loss_after(self, rules: list) -> tuple[float, float]:
         """(mean training loss over the run, held-out loss at its end) for a scheme's
         ``rules``. Every run sees the same batches in the same order, so training losses
