@@ -11,7 +11,7 @@ import argparse
 import subprocess
 import sys
 
-from pipelines.config import HOST, ConfigError
+from pipelines.schema import HOST, ConfigError
 
 EXIT_OK, EXIT_CHECK, EXIT_INPUT, EXIT_STAGE = 0, 1, 2, 3
 
@@ -150,8 +150,8 @@ def cmd_bench(args) -> int:
 
 def cmd_pretuned(args) -> int:
     """Merge the tune stages' records for a device into its committed, pre-tuned database."""
-    from pipelines.backend.tuning import PRETUNED, WORKLOADS, merge_databases
-    from pipelines.io import ARTIFACTS, ROOT
+    from pipelines.backend.tuning import WORKLOADS, merge_databases, pretuned
+    from pipelines.io import ARTIFACTS
     from pipelines.profiles import resolved_profile, tvm_target
 
     tuned = sorted(d for d in (ARTIFACTS / "cases").glob(f"*/{args.device}/tune")
@@ -160,7 +160,7 @@ def cmd_pretuned(args) -> int:
         raise ConfigError(f"{ARTIFACTS / 'cases'}: no tuning database for {args.device!r}; run "
                           f"the tune stages with the profile's tune.trials above 0 first, e.g. "
                           f"pock compose +profiles.{args.device}.tune.trials=2000 && dvc repro")
-    committed = ROOT / PRETUNED / args.device
+    committed = pretuned(args.device)
     count = merge_databases([committed, *tuned], committed,
                             tvm_target(resolved_profile(args.device)))
     print(f"{committed}: {count} kernels with a tuned schedule; commit it")
@@ -171,42 +171,14 @@ def cmd_setup(args) -> int:
     """Install what the configured devices need from Debian (cross compilers, qemu,
     mmdebstrap, the Docker engine; needs root), make their emulation roots and start dockerd
     where none answers."""
-    import shutil
-
     from pipelines.profiles import load_profile
-    from pipelines.runtime.emulation import emulation_root, root_is_ready, setup_root
+    from pipelines.setup import setup
 
     params = _params()
     names = args.devices or [HOST, *params.devices, *params.package.devices]
     profiles = [load_profile(d, params.profiles) for d in dict.fromkeys(names)]
-    needed = {}  # tool -> the Debian package that provides it
-    for profile in profiles:
-        if profile["toolchain"].get("cc") and profile["toolchain"].get("package"):
-            needed[profile["toolchain"]["cc"]] = profile["toolchain"]["package"]
-        if profile["runner"] == "emulated":
-            needed.update({profile["emulation"]["qemu"]: "qemu-user-static",
-                           "mmdebstrap": "mmdebstrap"})
-        if profile["runner"] == "docker" or profile["name"] in params.package.devices:
-            needed.update({"dockerd": "docker.io", "mmdebstrap": "mmdebstrap"})
-    packages = sorted({package for tool, package in needed.items() if not shutil.which(tool)})
-    if packages:
-        print(f"apt-get install {' '.join(packages)}")
-        subprocess.call(["apt-get", "update", "-q"])
-        if subprocess.call(["apt-get", "install", "-y", "-q", *packages]) != 0:
-            raise ConfigError(f"apt-get could not install {packages} (root and Debian's "
-                              "package registry needed)")
-    for profile in profiles:
-        if profile["target"]["kind"] == "cuda" and not shutil.which("nvcc"):
-            print(f"warning: {profile['name']} compiles CUDA kernels with nvcc, which is not on "
-                  "PATH (NVIDIA's CUDA toolkit; not installed by pock setup)", file=sys.stderr)
-        if profile["runner"] == "emulated":
-            root = emulation_root(profile)
-            if not root_is_ready(root):
-                print(f"emulation root for {profile['name']}: {setup_root(profile, root)}")
-    if "dockerd" in needed:
-        from pipelines.runtime.images import start_engine
-
-        print(f"docker: {start_engine()}")
+    for line in setup(profiles, packaged=set(params.package.devices)):
+        print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
     return EXIT_OK
 
 
@@ -215,10 +187,10 @@ def cmd_emulation_setup(args) -> int:
     from pipelines.profiles import load_profile
     from pipelines.runtime.emulation import emulation_root, setup_root
 
-    profile = load_profile(args.device)
-    if not profile.get("emulation"):
-        raise ConfigError(f"device_profiles/{args.device}.yaml: no 'emulation' section; "
-                          "emulation needs emulation.qemu and emulation.root")
+    profile = load_profile(args.device, _params().profiles)
+    if profile.emulation is None:
+        raise ConfigError(f"{profile.source}: no 'emulation' section; emulation needs "
+                          "emulation.qemu and emulation.root")
     root = setup_root(profile, emulation_root(profile))
     print(f"emulation root for {args.device}: {root}")
     return EXIT_OK

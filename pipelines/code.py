@@ -1,5 +1,6 @@
 """The code a stage runs: the project files in its module's import closure (imports inside
-functions too) and the files they read beside themselves (``Path(__file__).with_name(...)``:
+functions too, and the entries registries import: pipelines/registry.py) and the files they
+read beside themselves (``Path(__file__).with_name(...)``:
 the OpenBLAS shim's source, the scripts that run on a device).
 
 The code stage writes, per stage, the list of those files with their hashes
@@ -25,14 +26,27 @@ def module_file(name: str) -> Path | None:
     return None
 
 
-def _imported(tree: ast.AST) -> set[str]:
-    """Project module names an AST imports (with their parent packages)."""
+def _registered(node: ast.AST, module: str) -> list[str]:
+    """The entries a registry call imports: ``entries(__name__, ("a", "b"), ...)`` in package
+    ``module`` (pipelines/registry.py) -> ["module.a", "module.b"]."""
+    if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "entries"
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Tuple)):
+        return []
+    package = node.args[0]
+    package = module if getattr(package, "id", None) == "__name__" else package.value
+    return [f"{package}.{entry.value}" for entry in node.args[1].elts]
+
+
+def _imported(tree: ast.AST, module: str) -> set[str]:
+    """Project module names an AST (of ``module``) imports, with their parent packages."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif _registered(node, module):
+            found = _registered(node, module)
         else:
             continue
         for name in found:
@@ -69,7 +83,7 @@ def closure(module: str) -> list[Path]:
         files.add(path)
         tree = ast.parse(path.read_text(), str(path))
         files |= _read_beside(tree, path)
-        todo += sorted(_imported(tree) - seen)
+        todo += sorted(_imported(tree, name) - seen)
     return sorted(files)
 
 

@@ -1,15 +1,20 @@
 """The one compile chain: a model, a scheme, an optimizer and a device profile in; a built training
-step out. Each phase is one function here, in order, and each DVC stage runs one of them
-(stages/<phase>.py writes its result to disk); ``compile`` runs them all in memory, for tests
-and tools. No other module puts passes in order.
+step out. Each phase is one function here, in order, taking the previous phase's result
+(pipelines/phases.py) and returning its own; each DVC stage runs one of them (load -> phase ->
+save), and ``compile`` runs them all in memory, for tests and tools. No other module puts passes
+in order.
 
-    Phase 1  import         frontends: the model's source -> Relax main(*inputs, *params, *buffers)
-    Phase 2  training graph take indices flattened, LoRA adapters, loss + gradient + optimizer
-    Phase 3  sparse update  frozen parameters' updates pruned, channel-sparse updates sliced
-    Phase 4  optimize       updates reordered, activations recomputed, the loss and products as
-                            kernels of their own, then legalized and fused
-    Phase 5  memory plan    TVM's static plan, read without building
-    Phase 6  build          tuned or default schedules, backend choice, codegen, link (backend/)
+    Phase 1  import + lower  frontends: the model's source -> Lowered, main(*inputs, *params,
+                             *buffers)
+    Phase 2  training graph  take indices flattened, LoRA adapters, loss + gradient + optimizer
+                             -> TrainingStep
+    Phase 3  sparse update   frozen parameters' updates pruned, channel-sparse updates sliced
+                             -> PrunedStep
+    Phase 4  optimize        updates reordered, activations recomputed, the loss and products as
+                             kernels of their own, then legalized and fused; the static memory
+                             plan (Phase 5, read without building) -> OptimizedStep
+    Phase 6  build           tuned or default schedules, backend choice, codegen, link
+                             (backend/) -> Build
 """
 from __future__ import annotations
 
@@ -22,14 +27,14 @@ import tvm
 from tvm import relax
 
 from pipelines.analysis.cost import scheme_report
+from pipelines.analysis.liveness import update_kernels
 from pipelines.analysis.memory_plan import memory_plan
 from pipelines.backend.build import build_step
 from pipelines.frontends import import_model, lower_model
 from pipelines.frontends.weights import FILE as WEIGHTS, save_weights
-from pipelines.io import read_json, write_json_atomic
 from pipelines.ir import signature_of, with_signature, without_signature
-from pipelines.profiles import check_memory_budget
-from pipelines.runtime.step import SIGNATURE
+from pipelines.phases import Build, Lowered, OptimizedStep, PrunedStep, TrainingStep
+from pipelines.profiles import variant_for
 from pipelines.training.graph import build_train_step
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
@@ -50,36 +55,40 @@ PLAN = tvm.transform.Sequential([
 ])
 
 
-def training_graph(main: relax.Function, names: dict, origins: dict, optimizer, lora=None,
-                   seed: int = 0, task: str = "classification") -> tuple[tvm.IRModule, dict, dict]:
-    """Phase 2: the lowered ``main`` -> the full training step (every parameter updated) with
-    the ``task``'s loss (training/loss.py), as a module carrying its signature; and the LoRA
-    adapters' names and initial values, if the scheme has ``lora`` (training/lora.py)."""
+def lower(model, imported: Path) -> Lowered:
+    """Phase 1: the model imported into ``imported`` (frontends: ``import_model``) as Relax."""
+    return lower_model(model, imported)
+
+
+def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
+                   task: str = "classification") -> TrainingStep:
+    """Phase 2: the full training step (every parameter updated) with the ``task``'s loss
+    (training/loss.py) and ``optimizer``'s update (a pipelines/config.py optimizer section);
+    with ``lora`` (a scheme's LoRA section), its adapters beside the layers it names
+    (training/lora.py), seeded."""
     main = tvm.transform.Sequential([FlattenTakeIndices(), BoolOpsAsInts()])(
-        tvm.IRModule({"main": main}))["main"]
-    count = int(main.attrs["num_input"])
+        tvm.IRModule({"main": lowered.main}))["main"]
+    count, names = int(main.attrs["num_input"]), lowered.names
     num_params = sum(1 for v in main.params[count:] if names[v.name][0] == "parameter")
     adapters, values = {}, {}
     if lora is not None:
         main, adapters, values = add_adapters(main, names, num_params, lora, seed)
         num_params += len(adapters)
     names = {**names, **adapters}
-    step, signature = build_train_step(main, num_params, from_config(optimizer), origins, task)
+    step, signature = build_train_step(main, num_params, from_config(optimizer),
+                                       lowered.origins, task)
     signature["source_names"] = {v.name: names[v.name][1] for v in main.params[count:]}
     signature["num_params"] = num_params
-    if lora is not None:  # for the PyTorch twin's adapters (models/lora.py)
+    if lora is not None:  # for the PyTorch twin's adapters (models/torch_lora.py)
         signature["lora"] = {"rank": lora.rank, "scale": lora.scale}
-    return with_signature(tvm.IRModule({"train_step": step}), signature), adapters, values
+    layers = adapter_layers(lowered.layers, adapters, values) if adapters else lowered.layers
+    return TrainingStep(with_signature(tvm.IRModule({"train_step": step}), signature),
+                        {**lowered.values, **values}, layers)
 
 
-def case_layers(layers: dict, adapters: dict, values: dict) -> dict:
-    """layers.json of a case: the model's, with its LoRA adapters, if any."""
-    return adapter_layers(layers, adapters, values) if adapters else layers
-
-
-def sparse_update(full: tvm.IRModule, selection: dict, scheme_name: str) -> tvm.IRModule:
-    """Phase 3: the full step restricted to a scheme's ``selection`` (training/scheme.py: the
-    model's parameter name -> None, or the channels to update)."""
+def prune(full: tvm.IRModule, selection: dict, scheme_name: str) -> tvm.IRModule:
+    """The full step restricted to a scheme's ``selection`` (training/scheme.py: the model's
+    parameter name -> None, or the channels to update)."""
     signature = signature_of(full)
     relax_of = {source: name for name, source in signature["source_names"].items()}
     pruned = tvm.transform.Sequential([
@@ -89,8 +98,15 @@ def sparse_update(full: tvm.IRModule, selection: dict, scheme_name: str) -> tvm.
     return with_signature(pruned, dict(signature_of(pruned), scheme=scheme_name))
 
 
-def optimize(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool) -> tvm.IRModule:
-    """Phase 4: the pruned step optimized and fused (target-independent)."""
+def sparse_update(full: TrainingStep, rules: list, scheme_name: str) -> PrunedStep:
+    """Phase 3: the full step with only what the scheme's ``rules`` select updated, and what
+    that removes from full backpropagation (analysis/cost.py)."""
+    rules = [r if isinstance(r, dict) else r.model_dump(exclude_none=True) for r in rules]
+    pruned = prune(full.module, select(rules, full.layers), scheme_name)
+    return PrunedStep(pruned, rules, scheme_report(full.module, pruned))
+
+
+def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool) -> tvm.IRModule:
     return tvm.transform.Sequential([
         ReorderUpdates() if reorder_updates else NOTHING,
         RecomputeActivations() if recompute else NOTHING,
@@ -115,46 +131,79 @@ def plan(optimized: tvm.IRModule) -> dict:
     return memory_plan(optimized, PLAN(without_signature(optimized)), signature_of(optimized))
 
 
-def optimized_for(profile: dict, directory: Path) -> tuple[Path, dict]:
-    """The optimize stage's step a device builds (in ``directory``), and its plan: the
-    recomputing twin where only it fits the profile's memory budget; over budget either way,
-    a ConfigError naming the overshoot and the knobs."""
-    planned = read_json(Path(directory) / "plan.json")
-    if check_memory_budget(planned, profile, Path(directory) / "plan.json"):
-        return Path(directory) / "train_step_recompute.json", planned["recompute"]
-    return Path(directory) / "train_step.json", planned
+def optimize(pruned: PrunedStep, reorder_updates: bool = True, recompute: str = "never",
+             budgets: dict[str, float] | None = None) -> OptimizedStep:
+    """Phase 4 (and 5): the pruned step optimized and fused (target-independent), and its plan.
+    ``recompute``: never, always, or auto: the step keeps its activations, and a twin that
+    recomputes cheap ones is made too when the plan is over one of ``budgets`` (bytes, by
+    device: the devices that build the case)."""
+    step = _optimized(pruned.module, reorder_updates, recompute == "always")
+    planned = plan(step) | {"reorder_updates": reorder_updates,
+                            "recomputed": recompute == "always", "recompute": None}
+    twin = None
+    over = [d for d, b in (budgets or {}).items() if planned["planned_peak_bytes"] > b]
+    if recompute == "auto" and over:
+        twin = _optimized(pruned.module, reorder_updates, True)
+        planned["recompute"] = plan(twin) | {"recomputed": True, "for": sorted(over)}
+    return OptimizedStep(step, planned, twin)
 
 
-def build(optimized: tvm.IRModule, profile: dict, directory: Path, database=None) -> dict:
-    """Phase 6: the step built for ``profile`` into ``directory``, its signature beside it;
-    what the manifest records (backend/build.py)."""
+def build(optimized: tvm.IRModule, plan: dict, profile, directory: Path,
+          database=None) -> Build:
+    """Phase 6: ``optimized`` (the variant the profile takes, with its ``plan``) built for
+    ``profile`` into ``directory``, its signature and plan beside it."""
     built = build_step(without_signature(optimized), profile, directory, database)
-    write_json_atomic(Path(directory) / SIGNATURE, signature_of(optimized))
+    built["update_kernels"] = update_kernels(optimized)  # for the kernel profile's phases
+    built = Build(Path(directory), signature_of(optimized), plan, built)
+    built.save()
     return built
 
 
 @dataclass
 class Compiled:
-    """A step ``compile`` built: where, its signature, the initial value of every parameter and
-    buffer (by Relax name), and what the scheme, the plan and the build say."""
+    """A step ``compile`` built, and every phase's result on the way."""
 
-    directory: Path
-    signature: dict
-    initial: dict[str, np.ndarray]
-    layers: dict
-    report: dict
-    plan: dict
-    built: dict
+    full: TrainingStep
+    pruned: PrunedStep
+    optimized: OptimizedStep
+    build: Build
+
+    @property
+    def directory(self) -> Path:
+        return self.build.directory
+
+    @property
+    def signature(self) -> dict:
+        return self.build.signature
+
+    @property
+    def initial(self) -> dict[str, np.ndarray]:
+        """The initial value of every parameter and buffer (by Relax name)."""
+        return self.full.initial
+
+    @property
+    def layers(self) -> dict:
+        return self.full.layers
+
+    @property
+    def report(self) -> dict:
+        """What the scheme removes from full BP."""
+        return self.pruned.report
+
+    @property
+    def plan(self) -> dict:
+        """The planned memory of the step built."""
+        return self.build.plan
+
+    @property
+    def built(self) -> dict:
+        """What the build did (backend/build.py)."""
+        return self.build.built
 
 
-def compile(model, rules: list, optimizer, profile: dict, directory: Path, *, lora=None,
-            weights: dict | None = None, seed: int = 0, reorder_updates: bool = True,
-            recompute: bool = False, database=None, scheme_name: str = "scheme") -> Compiled:
-    """Every phase in memory: ``model`` (a pipelines/config.py Model) with ``weights`` (a state
-    dict, for a torch model; default: the source's own), the scheme's ``rules`` (and ``lora``),
-    ``optimizer``, built for ``profile`` into ``directory``. What the DVC chain does stage by
-    stage, without its files."""
-    directory = Path(directory)
+def import_and_lower(model, weights: dict | None = None, seed: int = 0) -> Lowered:
+    """Phase 1 in memory: ``model`` (a pipelines/config.py model section) from its source,
+    with ``weights`` (a state dict, for a torch model; default: the source's own, seeded)."""
     with tempfile.TemporaryDirectory(prefix="pock-compile-") as tmp:
         imported, weights_dir = Path(tmp) / "import", Path(tmp) / "weights"
         imported.mkdir(), weights_dir.mkdir()
@@ -166,14 +215,30 @@ def compile(model, rules: list, optimizer, profile: dict, directory: Path, *, lo
                                              seed)
             save_weights(weights, weights_dir / WEIGHTS)
         import_model(model, weights_dir, imported)
-        main, names, origins, values = lower_model(model, imported)
-        layers = read_json(imported / "layers.json")
-    full, adapters, adapter_values = training_graph(main, names, origins, optimizer, lora, seed,
-                                                    model.task)
-    layers = case_layers(layers, adapters, adapter_values)
-    pruned = sparse_update(full, select(rules, layers), scheme_name)
-    optimized = optimize(pruned, reorder_updates, recompute)
-    directory.mkdir(parents=True, exist_ok=True)
-    built = build(optimized, profile, directory, database)
-    return Compiled(directory, signature_of(optimized), {**values, **adapter_values}, layers,
-                    scheme_report(full, pruned), plan(optimized), built)
+        return lower(model, imported)
+
+
+def compile_to_plan(model, rules: list, optimizer, *, lora=None, weights: dict | None = None,
+                    seed: int = 0, reorder_updates: bool = True, recompute: str = "never",
+                    budgets: dict[str, float] | None = None, scheme_name: str = "scheme",
+                    lowered: Lowered | None = None
+                    ) -> tuple[TrainingStep, PrunedStep, OptimizedStep]:
+    """Phases 1 to 5 in memory: ``model`` (from ``lowered`` if given, else imported with
+    ``weights``), the scheme's ``rules`` (and ``lora``), ``optimizer``; ``budgets`` by device,
+    for ``recompute`` auto. What the DVC chain does up to optimize@, without its files."""
+    lowered = lowered or import_and_lower(model, weights, seed)
+    full = training_graph(lowered, optimizer, lora, seed, model.task)
+    pruned = sparse_update(full, rules, scheme_name)
+    return full, pruned, optimize(pruned, reorder_updates, recompute, budgets)
+
+
+def compile(model, rules: list, optimizer, profile, directory: Path, *, database=None,
+            **options) -> Compiled:
+    """Every phase in memory: ``compile_to_plan`` (``options`` are its keywords), then the
+    variant that fits ``profile``'s budget built for it into ``directory``."""
+    full, pruned, optimized = compile_to_plan(model, rules, optimizer,
+                                              budgets={profile.name: profile.budget_bytes},
+                                              **options)
+    step, planned = optimized.variant(variant_for(optimized.plan, profile))
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return Compiled(full, pruned, optimized, build(step, planned, profile, directory, database))

@@ -2,7 +2,12 @@
 or `dvc exp run -S ...`), checked against the schema below before any artifact moves.
 
 A wrong type, an unknown key or a name that refers to nothing is a ``ConfigError`` naming the key,
-the conf/ file it came from and what is allowed. Stages exit 2 on it (``run_stage``).
+the conf/ file it came from and what is allowed. Stages exit 2 on it (pipelines/stage.py).
+
+The sections of the extension points are defined where the extensions are, and collected here
+through their registries (pipelines/registry.py): a model's (pipelines/frontends), its data's
+(pipelines/data), a peer's name (pipelines/peers). Device profiles have their own schema
+(pipelines/profiles.py).
 
 params.yaml holds:
     models      name -> Model        conf/model/<name>.yaml, the ones the experiment uses
@@ -14,45 +19,21 @@ params.yaml holds:
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
-                      PositiveFloat, PositiveInt, ValidationError, model_validator)
+from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+                      TypeAdapter, ValidationError, model_validator)
 
+from pipelines.data import KINDS
+from pipelines.frontends import FRONTENDS, Model
 from pipelines.io import ROOT
+from pipelines.peers import PEERS
+from pipelines.schema import HOST, NAME, ConfigError, Strict
 
 PARAMS = ROOT / "params.yaml"
 CONF = ROOT / "conf"
-HOST = "host"
-# Case, model and device names become DVC stage names (`build@<case>`, `tune@<case>-<device>`)
-# and paths: no dots (params keys), dashes (matrix names) or slashes.
-NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-# What a model is trained to do, which sets the loss and the labels (training/loss.py).
-TASKS = ("classification", "causal_lm", "masked_lm", "regression")
-IGNORE_INDEX = -100  # a label that scores nothing (PyTorch's and transformers' convention)
-
-
-class ConfigError(Exception):
-    """Bad user input: the message names the file, the key and what is allowed."""
-
-
-class Strict(BaseModel):
-    """A config section: unknown keys are errors that list the allowed ones."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = set(data) - set(cls.model_fields)
-            if unknown:
-                raise ValueError(f"unknown keys {sorted(unknown)}; allowed: "
-                                 f"{sorted(cls.model_fields)}")
-        return data
 
 
 Kind = Literal["conv", "conv_pointwise", "conv_depthwise", "linear", "norm", "embedding", "other"]
@@ -139,106 +120,6 @@ class Adam(Strict):
 Optimizer = Annotated[Union[SGD, Adam], Field(discriminator="kind")]
 
 
-class Digits(Strict):
-    """scikit-learn's digits, upsampled: pre-train on some classes, fine-tune on the others."""
-
-    kind: Literal["digits"]
-    image_size: PositiveInt
-    channels: PositiveInt
-    pretrain_classes: list[NonNegativeInt] = Field(min_length=1)
-    finetune_classes: list[NonNegativeInt] = Field(min_length=1)
-    test_fraction: Annotated[float, Field(gt=0, lt=1)]
-
-
-class Sentences(Strict):
-    """Synthetic review sentences with a sentiment label (pipelines/data/sentences.py)."""
-
-    kind: Literal["sentences"]
-    seq_len: PositiveInt
-    train_sentences: PositiveInt
-    test_sentences: PositiveInt
-
-
-class Tokens(Strict):
-    """Seeded random tokens and next-token labels: synthetic, for speed only."""
-
-    kind: Literal["tokens"]
-    vocab: PositiveInt
-    seq_len: PositiveInt
-    examples: PositiveInt
-
-
-Data = Annotated[Union[Digits, Sentences, Tokens], Field(discriminator="kind")]
-
-
-class Pretrain(Strict):
-    """PyTorch pre-training on the data's pretrain split (SGD), before any case fine-tunes."""
-
-    epochs: PositiveInt
-    batch_size: PositiveInt
-    lr: PositiveFloat
-    momentum: NonNegativeFloat = 0.0
-    weight_decay: NonNegativeFloat = 0.0
-    keep_initial: list[str] = []  # module patterns left at their initial values (a new head)
-    kind: Literal["sgd"] = "sgd"  # read as an optimizer (models/torch_twin.py)
-    nesterov: bool = False
-
-
-class Finetune(Strict):
-    epochs: PositiveInt
-
-
-class Model(Strict):
-    """Where a model comes from and what it is trained on (conf/model/<name>.yaml)."""
-
-    frontend: Literal["torch", "transformers", "onnx", "jax", "keras"]
-    source: str  # a file (transformers: a directory), relative to the repository root
-    entry: str | None = None  # torch, jax: the function in ``source`` that builds the model
-    kwargs: dict[str, Any] = {}  # passed to ``entry``
-    # transformers (frontends/transformers.py): the model class (default: config.json's
-    # ``architectures``), keys of config.json to override, the step's inputs by name
-    architecture: str | None = None
-    config: dict[str, Any] = {}
-    inputs: list[str] = []
-    batch_size: PositiveInt
-    # onnx: sizes of the inputs' symbolic dimensions other than the batch, by the names the
-    # export gave them ({sequence: 128}); a compiled step has static shapes
-    dims: dict[str, PositiveInt] = {}
-    data: Data | None = None  # none: the model is compiled and timed, not trained on data
-    pretrain: Pretrain | None = None
-    finetune: Finetune | None = None
-    blocks: list[str] = []  # module-path patterns of the repeated blocks (files' models)
-    # the loss and labels (training/loss.py): classification [B, C] logits, class labels;
-    # causal_lm / masked_lm [B, S, V] logits, a token label per position; regression: MSE
-    task: Literal[TASKS] = "classification"
-
-    @model_validator(mode="after")
-    def _entry(self):
-        # torch.export.save's files (frontends/torch_module.py): the program is the model
-        program = self.frontend == "torch" and Path(self.source).suffix == ".pt2"
-        if program and (self.entry or self.kwargs or self.pretrain):
-            given = [k for k in ("entry", "kwargs", "pretrain") if getattr(self, k)]
-            raise ValueError(f"source {self.source!r} is a saved torch.export program: it takes "
-                             f"no {' or '.join(given)} (entry and kwargs build a model from a "
-                             "Python file; pretrain scores in eval mode, which a program lacks)")
-        if self.frontend != "transformers" and (self.architecture or self.config or self.inputs):
-            raise ValueError("architecture, config and inputs are keys of frontend "
-                             f"transformers; this model's frontend is {self.frontend}")
-        if self.frontend == "transformers" and (self.entry or self.kwargs):
-            raise ValueError("frontend transformers builds the model from source's config.json "
-                             "(architecture, config): it takes no entry or kwargs")
-        if self.frontend in ("torch", "jax") and not self.entry and not program:
-            raise ValueError(f"frontend {self.frontend} needs entry: the function in source "
-                             "that builds the model (or, for torch, a .pt2 program as source)")
-        return self
-
-    @property
-    def in_pytorch(self) -> bool:
-        """Whether the model is a PyTorch module (torch and transformers frontends): it is
-        exported with torch.export and PyTorch trains its twin."""
-        return self.frontend in ("torch", "transformers")
-
-
 class OptimizeOverride(Strict):
     reorder_updates: bool | None = None
     recompute: Literal["never", "auto", "always"] | None = None
@@ -261,7 +142,7 @@ class Optimize(Strict):
     recompute: Literal["never", "auto", "always"]
 
 
-Peer = Literal["torch_eager_full", "torch_eager_frozen", "torch_compile_full"]
+Peer = Literal[tuple(PEERS)]  # pipelines/peers
 
 
 class Benchmark(Strict):
@@ -269,7 +150,7 @@ class Benchmark(Strict):
     steps: PositiveInt
     rounds: PositiveInt  # evaluate@ speed: the cases take turns this many times
     min_seconds: NonNegativeFloat  # evaluate@ speed: each case's timed seconds at least
-    peers: list[Peer]  # PyTorch cases timed beside the compiled step, in the same run
+    peers: list[Peer]  # timed beside the compiled step, in the same run
 
 
 class Package(Strict):
@@ -367,23 +248,23 @@ def case_optimize(params: Params, case: Case) -> Optimize:
 # The conf/ file a key of params.yaml comes from, for error messages.
 _ORIGINS = {"models": "conf/model/{}.yaml", "schemes": "conf/sparse/{}.yaml",
             "optimizers": "conf/optimizer/{}.yaml"}
+# A tagged union adds its tag to an error's location after the key that holds it (an
+# optimizer's kind, a model's frontend, a data section's kind): dropped, so that errors name
+# the user's own keys.
+_TAGS = {"optimizer": {"sgd", "adam", "adamw"}, "model": set(FRONTENDS), "data": set(KINDS)}
 
 
-_TAGS = ("sgd", "adam", "adamw", "digits", "sentences", "tokens")
+def _union_tag(held_by: list, part) -> bool:
+    if len(held_by) == 2 and held_by[0] in ("optimizers", "models"):
+        return part in _TAGS[held_by[0].removesuffix("s")]
+    return held_by[-1:] == ["data"] and part in _TAGS["data"]
 
 
 def _explain(error: ValidationError, source: Path) -> ConfigError:
     lines = []
     for item in error.errors():
-        # A tagged union (an optimizer's `kind`, a model's `data.kind`) adds its tag to the
-        # location after the key that holds it: drop it, keep the user's own names.
-        loc, parts = [], list(item["loc"])
-        for i, part in enumerate(parts):
-            held_by = parts[:i]
-            if (len(held_by) == 2 and held_by[0] == "optimizers") or held_by[-1:] == ["data"]:
-                if isinstance(part, str) and part in _TAGS:
-                    continue
-            loc.append(str(part))
+        parts = list(item["loc"])
+        loc = [str(part) for i, part in enumerate(parts) if not _union_tag(parts[:i], part)]
         key = ".".join(loc) or "(top level)"
         origin = (_ORIGINS[loc[0]].format(loc[1]) if loc and loc[0] in _ORIGINS and len(loc) > 1
                   else "conf/experiment" if loc and loc[0] in ("cases", "deploy", "devices")
@@ -410,13 +291,6 @@ def load_params(path: Path = PARAMS) -> Params:
     return validate(yaml.safe_load(path.read_text()) or {}, path)
 
 
-def run_stage(main) -> None:
-    """Run a stage's main: bad input ends in one message naming file and key, exit code 2;
-    what was there before stays (outputs are replaced only when a stage succeeds)."""
-    import sys
-
-    try:
-        main()
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+def model_section(**fields):
+    """A model section (conf/model/<name>.yaml's keys), checked: the frontend's Config."""
+    return TypeAdapter(Model).validate_python(fields)

@@ -1,11 +1,18 @@
 """Where each stage writes, in one place: dvc.yaml's ``outs`` spell the same paths.
 
     artifacts/code/<stage>.txt             the files a stage's code is made of (stage code)
-    artifacts/profiles/<device>.json       a device profile, resolved
+    artifacts/resolved/                    params.yaml resolved (stage resolve):
+        profiles/<device>.json             a device profile
+        pretuned/<device>/                 its committed tuning records (device_profiles/tuned)
+        models/<model>.json                a model's stages' inputs
+        cases/<case>/<stage>.json          a case's stage's inputs
     artifacts/models/<model>/<phase>/      per model: data, weights, import, lower
-    artifacts/cases/<case>/<phase>/        per case: autodiff, prune, optimize
-    artifacts/cases/<case>/<device>/<phase>/   per case and device: tune, build, package
+    artifacts/cases/<case>/<phase>/        per case: autodiff, prune, optimize, evaluate
+    artifacts/cases/<case>/<device>/<phase>/   per case and device: tune, build, reference,
+                                           package
     artifacts/metrics/<stage>/<name>.json  metrics (committed to git; DVC metrics)
+
+What each phase writes inside its directory: pipelines/phases.py.
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from pathlib import Path
 
 from pipelines.io import ARTIFACTS
 
-HOST = "host"  # every case is built for it: parity with PyTorch, fine-tuning, timing
+RESOLVED = ARTIFACTS / "resolved"
 
 
 def model_dir(model: str, phase: str) -> Path:
@@ -28,13 +35,21 @@ def device_dir(case: str, device: str, phase: str) -> Path:
     return ARTIFACTS / "cases" / case / device / phase
 
 
-def profile_path(device: str) -> Path:
-    return ARTIFACTS / "profiles" / f"{device}.json"
+def resolved_profile_path(device: str) -> Path:
+    return RESOLVED / "profiles" / f"{device}.json"
+
+
+def resolved_pretuned(device: str) -> Path:
+    return RESOLVED / "pretuned" / device
+
+
+def resolved_model(model: str) -> Path:
+    return RESOLVED / "models" / f"{model}.json"
+
+
+def resolved_case(case: str, stage: str) -> Path:
+    return RESOLVED / "cases" / case / f"{stage}.json"
 
 
 def metrics_path(stage: str, name: str) -> Path:
     return ARTIFACTS / "metrics" / stage / f"{name}.json"
-
-
-def code_list(stage: str) -> Path:
-    return ARTIFACTS / "code" / f"{stage}.txt"

@@ -5,23 +5,22 @@ sentences or synthetic tokens), or nothing but the manifest for a model without 
 """
 import sys
 
-from pipelines.config import load_params, run_stage
 from pipelines.data import FILE, make_data
 from pipelines.io import atomic_dir, save_arrays, write_manifest
-from pipelines.layout import model_dir
+from pipelines.layout import model_dir, resolved_model
+from pipelines.resolve import model_inputs
+from pipelines.stage import run_stage
 
 
 def main(name: str) -> None:
-    params = load_params()
-    model = params.models[name]
+    inputs = model_inputs(name)
     with atomic_dir(model_dir(name, "data")) as tmp:
-        if model.data is not None:
-            arrays = make_data(model.data, params.seed)
+        if inputs.model.data is not None:
+            arrays = make_data(inputs.model.data, inputs.seed)
             save_arrays(tmp / FILE, arrays)
             print(" ".join(f"{k}={len(v)}" for k, v in arrays.items() if k.endswith("_y")))
-        write_manifest(tmp, f"data@{name}", {},
-                       {"data": model.data and model.data.model_dump(), "seed": params.seed})
+        write_manifest(tmp, f"data@{name}", {"inputs": resolved_model(name)}, {})
 
 
 if __name__ == "__main__":
-    run_stage(lambda: main(sys.argv[1]))
+    run_stage(main, sys.argv[1])

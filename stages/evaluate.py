@@ -1,6 +1,6 @@
 """evaluate@<case>: the case's host build against PyTorch doing the same update, as its
-``evaluate`` list asks (pipelines/evaluate/case.py): speed and memory beside the PyTorch peers
-in one run; fine-tuning on the model's data, PyTorch beside it.
+``evaluate`` list asks (pipelines/evaluate/case.py): speed and memory beside its peers in one
+run; fine-tuning on the model's data, PyTorch beside it.
 
 Output: artifacts/metrics/evaluate/<case>.json (DVC metrics: what the scheme removes, the plan,
 speed, fine-tuning); artifacts/metrics/curves/<case>-{loss,accuracy}.json (DVC plots: per step
@@ -11,44 +11,34 @@ evaluate/: weights.safetensors (the fine-tuned weights, by the source's names), 
 """
 import sys
 
-import torch
-
-from pipelines.config import HOST, case_optimizer, load_params, run_stage
 from pipelines.data import FILE
-from pipelines.evaluate.case import evaluate_case
-from pipelines.frontends.weights import save_weights
+from pipelines.evaluate.case import evaluate_case, save_finetuned
 from pipelines.io import atomic_dir, load_arrays, read_json, write_json_atomic, write_manifest
-from pipelines.layout import case_dir, device_dir, metrics_path, model_dir
+from pipelines.layout import case_dir, device_dir, metrics_path, model_dir, resolved_case
+from pipelines.phases import Build, TrainingStep
 from pipelines.profiles import resolved_profile
+from pipelines.resolve import case_inputs
+from pipelines.schema import HOST
+from pipelines.stage import run_stage
 
 
 def main(name: str) -> None:
-    params = load_params()
-    case, build = params.cases[name], device_dir(name, HOST, "build")
-    model = params.models[case.model]
-    data = model_dir(case.model, "data") / FILE
+    inputs, build = case_inputs(name, "evaluate"), device_dir(name, HOST, "build")
+    data = model_dir(inputs.model_name, "data") / FILE
     result = evaluate_case(
-        name, case, model, case_optimizer(params, case), params.benchmark,
-        resolved_profile(HOST)["cores"], build,
-        load_arrays(case_dir(name, "autodiff") / "initial.npz"),
+        inputs, resolved_profile(HOST).cores, build,
+        TrainingStep.load_initial(case_dir(name, "autodiff")),
         load_arrays(data) if data.exists() else None, read_json(metrics_path("prune", name)),
-        read_json(build / "plan.json"), params.seed, params.schemes[case.scheme].lora)
+        Build.load(build).plan)
     with atomic_dir(case_dir(name, "evaluate")) as tmp:
-        if (tuned := result.finetuned) is not None:
-            save_weights(tuned.weights, tmp / "weights.safetensors")
-            torch.save(tuned.optimizer_state, tmp / "optimizer.pt")
-            if tuned.export is not None:
-                save_weights(tuned.export[1], tmp / tuned.export[0])
-            if model.frontend == "transformers" and tuned.plain_weights is not None:
-                from pipelines.frontends.transformers import save_pretrained
-
-                save_pretrained(model, tuned.plain_weights, tmp / "pretrained")
-        write_manifest(tmp, f"evaluate@{name}", {"build": build}, {"case": case.model_dump()})
+        if result.finetuned is not None:
+            save_finetuned(result.finetuned, inputs.model, tmp)
+        write_manifest(tmp, f"evaluate@{name}", {"build": build,
+                                                 "inputs": resolved_case(name, "evaluate")}, {})
     write_json_atomic(metrics_path("evaluate", name), result.metrics)
-    curves = {"loss": tuned.losses, "accuracy": tuned.accuracy} if tuned else {}
-    for curve in ("loss", "accuracy"):  # DVC plots: empty for a case not fine-tuned
-        write_json_atomic(metrics_path("curves", f"{name}-{curve}"), curves.get(curve, []))
+    for curve, values in result.curves.items():  # DVC plots: empty for a case not fine-tuned
+        write_json_atomic(metrics_path("curves", f"{name}-{curve}"), values)
 
 
 if __name__ == "__main__":
-    run_stage(lambda: main(sys.argv[1]))
+    run_stage(main, sys.argv[1])

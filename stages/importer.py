@@ -7,20 +7,20 @@ what schemes select.
 """
 import sys
 
-from pipelines.config import load_params, run_stage
 from pipelines.frontends import import_model
 from pipelines.io import ROOT, atomic_dir, write_manifest
-from pipelines.layout import model_dir
+from pipelines.layout import model_dir, resolved_model
+from pipelines.resolve import model_inputs
+from pipelines.stage import run_stage
 
 
 def main(name: str) -> None:
-    model = load_params().models[name]
-    weights = model_dir(name, "weights")
+    model, weights = model_inputs(name).model, model_dir(name, "weights")
     with atomic_dir(model_dir(name, "import")) as tmp:
         print(import_model(model, weights, tmp))
-        write_manifest(tmp, f"import@{name}", {"source": ROOT / model.source, "weights": weights},
-                       {"model": model.model_dump()})
+        write_manifest(tmp, f"import@{name}", {"source": ROOT / model.source, "weights": weights,
+                                               "inputs": resolved_model(name)}, {})
 
 
 if __name__ == "__main__":
-    run_stage(lambda: main(sys.argv[1]))
+    run_stage(main, sys.argv[1])

@@ -8,24 +8,26 @@ the image's ID, tag, layers and how to run it); artifacts/metrics/package/<case>
 """
 import sys
 
-from pipelines.config import load_params, run_stage
 from pipelines.evaluate.package import package
-from pipelines.io import atomic_dir, load_arrays, write_json_atomic
+from pipelines.io import atomic_dir, write_json_atomic
 from pipelines.layout import case_dir, device_dir, metrics_path
+from pipelines.phases import TrainingStep
 from pipelines.profiles import resolved_profile
+from pipelines.resolve import case_inputs
+from pipelines.stage import run_stage
 
 
 def main(name: str, device: str) -> None:
-    params = load_params()
+    inputs = case_inputs(name, "package")
     with atomic_dir(device_dir(name, device, "package")) as tmp:
         metrics = package(name, device, resolved_profile(device),
                           device_dir(name, device, "build"),
-                          load_arrays(case_dir(name, "autodiff") / "initial.npz"),
-                          params.package.trial_steps, params.seed, tmp)
+                          TrainingStep.load_initial(case_dir(name, "autodiff")),
+                          inputs.trial_steps, inputs.seed, tmp)
     write_json_atomic(metrics_path("package", f"{name}-{device}"), metrics)
     print(f"package@{name}-{device}: {metrics['image']}\n  {metrics['run']}\n  trial: "
           f"{metrics['trial']['verdict']}")
 
 
 if __name__ == "__main__":
-    run_stage(lambda: main(sys.argv[1], sys.argv[2]))
+    run_stage(main, sys.argv[1], sys.argv[2])

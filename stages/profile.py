@@ -1,28 +1,37 @@
-"""profile@<case>: where the case's host build spends its time, every VM call timed, by phase
-(forward, backward, update) and by kind (pipelines/evaluate/profile.py), on a seeded batch.
+"""profile@<case>: the case's host build run on a seeded batch of its shapes: where its time
+goes, every VM call timed, by phase (forward, backward, update) and by kind
+(pipelines/evaluate/kernel_profile.py); and its outputs after one step, the reference each
+device's build of the case is checked against (benchmark@).
 
-Output: artifacts/metrics/profile/<case>.json; the report's "Where the time goes".
+Output: artifacts/metrics/profile/<case>.json (the report's "Where the time goes");
+artifacts/cases/<case>/host/reference/outputs.npz.
 """
 import sys
 
-from pipelines.config import HOST, load_params, run_stage
 from pipelines.evaluate.case import synthetic_batch
-from pipelines.evaluate.profile import kernel_profile
-from pipelines.io import load_arrays, read_json, write_json_atomic
-from pipelines.ir import load_ir
-from pipelines.layout import case_dir, device_dir, metrics_path
+from pipelines.evaluate.kernel_profile import kernel_profile, reference_outputs
+from pipelines.io import atomic_dir, save_arrays, write_json_atomic, write_manifest
+from pipelines.layout import case_dir, device_dir, metrics_path, resolved_case
+from pipelines.phases import Build, TrainingStep
+from pipelines.resolve import case_inputs
+from pipelines.schema import HOST
+from pipelines.stage import run_stage
 
 
 def main(name: str) -> None:
-    params, build = load_params(), device_dir(name, HOST, "build")
-    batch = synthetic_batch(read_json(build / "signature.json"), params.seed)
-    result = kernel_profile(build, load_arrays(case_dir(name, "autodiff") / "initial.npz"),
-                            batch, load_ir(case_dir(name, "optimize") / "train_step.json"),
-                            params.benchmark.warmup, params.benchmark.steps)
+    inputs, build = case_inputs(name, "measure"), device_dir(name, HOST, "build")
+    initial = TrainingStep.load_initial(case_dir(name, "autodiff"))
+    batch = synthetic_batch(Build.load(build).signature, inputs.seed)
+    with atomic_dir(device_dir(name, HOST, "reference")) as tmp:
+        save_arrays(tmp / "outputs.npz", reference_outputs(build, initial, batch))
+        write_manifest(tmp, f"profile@{name}", {"build": build,
+                                                "inputs": resolved_case(name, "measure")}, {})
+    result = kernel_profile(build, initial, batch, inputs.benchmark.warmup,
+                            inputs.benchmark.steps)
     write_json_atomic(metrics_path("profile", name), result)
     print(f"profile@{name}: {result['calls_per_step']} calls per step, "
           f"{result['kernel_time_ms']:.2f} ms in calls")
 
 
 if __name__ == "__main__":
-    run_stage(lambda: main(sys.argv[1]))
+    run_stage(main, sys.argv[1])

@@ -4,10 +4,11 @@
 Output: artifacts/report.md and artifacts/plots/ (plot data for `dvc plots show` and the SVGs
 the report embeds).
 """
-from pipelines.config import load_params, run_stage
+from pipelines.config import load_params
 from pipelines.io import ARTIFACTS, atomic_dir, write_text_atomic
 from pipelines.report.plots import write_plots
 from pipelines.report.render import load, render
+from pipelines.stage import run_stage
 
 
 def main() -> None:

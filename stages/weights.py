@@ -7,29 +7,29 @@ its own names; a model from a file keeps its weights in the file); artifacts/met
 """
 import sys
 
-from pipelines.config import load_params, run_stage
 from pipelines.data import FILE
 from pipelines.frontends.weights import FILE as WEIGHTS, initial_weights, save_weights
 from pipelines.io import ROOT, atomic_dir, load_arrays, write_json_atomic, write_manifest
-from pipelines.layout import metrics_path, model_dir
+from pipelines.layout import metrics_path, model_dir, resolved_model
+from pipelines.resolve import model_inputs
+from pipelines.stage import run_stage
 
 
 def main(name: str) -> None:
-    params = load_params()
-    model = params.models[name]
-    data = model_dir(name, "data") / FILE
+    inputs = model_inputs(name)
+    model, data = inputs.model, model_dir(name, "data") / FILE
     metrics = {"frontend": model.frontend}
     with atomic_dir(model_dir(name, "weights")) as tmp:
         if model.in_pytorch:
             state, trained = initial_weights(model, load_arrays(data) if data.exists() else None,
-                                             params.seed)
+                                             inputs.seed)
             save_weights(state, tmp / WEIGHTS)
             metrics.update(trained, tensors=len(state))
-        write_manifest(tmp, f"weights@{name}", {"source": ROOT / model.source},
-                       {"model": model.model_dump(), "seed": params.seed})
+        write_manifest(tmp, f"weights@{name}", {"source": ROOT / model.source,
+                                                "inputs": resolved_model(name)}, {})
     write_json_atomic(metrics_path("weights", name), metrics)
     print(f"weights@{name}: {metrics}")
 
 
 if __name__ == "__main__":
-    run_stage(lambda: main(sys.argv[1]))
+    run_stage(main, sys.argv[1])

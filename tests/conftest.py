@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.config import IGNORE_INDEX
+from pipelines.tasks import IGNORE_INDEX
 
 # Two cores on CI: keep TVM's and PyTorch's thread pools from oversubscribing them.
 os.environ.setdefault("TVM_NUM_THREADS", "2")
@@ -62,23 +62,50 @@ def host_profile():
     return load_profile("host", {})
 
 
+def _case_options(params, case: str, options: dict) -> tuple:
+    """compile()'s arguments for a case of a configuration: its model, the scheme's rules
+    (or ``rules``), its optimizer (or ``optimizer``), the scheme's LoRA, the case's optimize
+    settings (``recompute`` auto: never, which a host build takes), and ``options`` on top."""
+    from pipelines.config import case_optimize, case_optimizer
+
+    spec = params.cases[case]
+    scheme, settings = params.schemes[spec.scheme], case_optimize(params, spec)
+    kwargs = {"lora": scheme.lora, "scheme_name": spec.scheme,
+              "reorder_updates": settings.reorder_updates,
+              "recompute": "always" if settings.recompute == "always" else "never", **options}
+    rules = kwargs.pop("rules", scheme.rules)
+    optimizer = kwargs.pop("optimizer", case_optimizer(params, spec))
+    return params.models[spec.model], rules, optimizer, kwargs
+
+
+_PLANNED: dict = {}
+
+
+def plan_case(params, case: str, **options):
+    """compile_to_plan(...) of a case (pipelines/compile.py: the chain up to optimize, in
+    memory): (full, pruned, optimized), each (configuration, case, options) once a session."""
+    from pipelines.compile import compile_to_plan
+
+    key = (id(params), case, repr(sorted(options.items())))
+    if key not in _PLANNED:
+        model, rules, optimizer, kwargs = _case_options(params, case, options)
+        _PLANNED[key] = compile_to_plan(model, rules, optimizer, **kwargs)
+    return _PLANNED[key]
+
+
 @pytest.fixture(scope="session")
 def build_case(tmp_path_factory, host_profile):
     """compile(...) of a case of a configuration, each (case, options) built once a session:
-    ``build_case(params, "mbv2_full", rules=..., optimizer=..., recompute=True)``."""
+    ``build_case(params, "mbv2_full", rules=..., optimizer=..., recompute="always")``."""
     from pipelines.compile import compile
 
     built = {}
 
     def build(params, case: str, **options):
-        spec = params.cases[case]
-        scheme = params.schemes[spec.scheme]
         key = (id(params), case, repr(sorted(options.items(), key=lambda kv: kv[0])))
         if key not in built:
-            kwargs = {"lora": scheme.lora, "scheme_name": spec.scheme, **options}
-            rules = kwargs.pop("rules", scheme.rules)
-            optimizer = kwargs.pop("optimizer", params.optimizers[spec.optimizer])
-            built[key] = compile(params.models[spec.model], rules, optimizer, host_profile,
+            model, rules, optimizer, kwargs = _case_options(params, case, options)
+            built[key] = compile(model, rules, optimizer, host_profile,
                                  tmp_path_factory.mktemp(case), **kwargs)
         return built[key]
 
@@ -87,7 +114,7 @@ def build_case(tmp_path_factory, host_profile):
 
 def twin_of(compiled, model):
     """The PyTorch twin of a compiled step: same module, adapters and initial values."""
-    from pipelines.evaluate.twin import torch_twin
+    from pipelines.frontends.twin import torch_twin
 
     return torch_twin(model, compiled.signature, compiled.initial)
 
@@ -121,7 +148,7 @@ def task_labels(task: str, shape: list, rng, high: int) -> np.ndarray:
 def assert_steps_match(compiled, model, optimizer, batches, rtol: float = 1e-4,
                        atol: float = 1e-6, change_rtol: float | None = None,
                        loss_rtol: float | None = None, twin=None) -> tuple[dict, dict]:
-    """Run the compiled step and PyTorch's step (models/torch_twin.py) from the same state for
+    """Run the compiled step and PyTorch's step (models/pytorch.py) from the same state for
     each batch: the losses within ``rtol`` at every step, every tensor of the state within
     ``rtol``/``atol`` at the end, parameters the scheme freezes bit-identical. Returns the state
     before and after, by the source's names.
@@ -136,7 +163,7 @@ def assert_steps_match(compiled, model, optimizer, batches, rtol: float = 1e-4,
     difference in one depthwise layer's gradient); a wrong update is off by ~100% of it."""
     import torch
 
-    from pipelines.models.torch_twin import make_optimizer, train_step
+    from pipelines.models.pytorch import make_optimizer, train_step
     from pipelines.runtime.step import CompiledStep, selection_of
 
     twin = twin if twin is not None else twin_of(compiled, model)

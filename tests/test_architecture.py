@@ -7,12 +7,10 @@
   (artifacts/code/<module>.txt, written by the code stage from pipelines/code.py's import
   closure) and on no code file or folder directly; the closure holds every project module the
   stage really imports (checked against a fresh interpreter's sys.modules);
-- a change to one scheme reruns exactly that scheme's cases (`dvc status` against the committed
-  dvc.lock).
+- a change to one scheme changes the resolved inputs of exactly that scheme's cases.
 """
 import json
 import re
-import shutil
 import subprocess
 import sys
 
@@ -84,61 +82,21 @@ def test_closure_follows_imports_inside_functions():
     assert {"pipelines/frontends/onnx.py", "pipelines/frontends/keras.py"} <= files
 
 
-def _scratch_copy(tmp_path):
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
-    for name in files:
-        target = tmp_path / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if (ROOT / name).is_file():
-            shutil.copy2(ROOT / name, target)
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    return tmp_path
+def test_a_changed_scheme_changes_only_its_cases_inputs(params):
+    """The resolve stage's files are each stage's inputs (dvc.yaml: every stage after resolve
+    depends on its own): a change to one scheme changes the prune inputs of exactly the cases
+    that use it, and nothing of any other case, model or device."""
+    from pipelines.config import validate
+    from pipelines.resolve import resolve
 
-
-def _stages_with_changed_params(repo) -> set[str]:
-    status = json.loads(subprocess.run(["dvc", "status", "--json"], cwd=repo, check=True,
-                                       capture_output=True, text=True).stdout or "{}")
-    changed = set()
-    for stage, changes in status.items():
-        for change in changes:
-            deps = change.get("changed deps", {}) if isinstance(change, dict) else {}
-            if any(isinstance(v, dict) for v in deps.values()):  # params.yaml: {key: how}
-                changed.add(stage)
-    return changed
-
-
-def _lock_with_current_params(repo) -> None:
-    """dvc.lock as if every stage had run with params.yaml as it is: each stage's recorded
-    params are the values of the keys dvc.yaml gives it (read by DVC). The question here is
-    which stages a change reruns, not whether the committed lock is current."""
-    from dvc.repo import Repo
-
-    lock = yaml.safe_load((repo / "dvc.lock").read_text())
-    with Repo(str(repo)) as dvc:
-        for stage in dvc.index.stages:
-            entry = lock["stages"].setdefault(stage.name, {"cmd": stage.cmd})
-            entry.pop("params", None)
-            for dep in stage.params:
-                entry.setdefault("params", {})[dep.def_path] = dep.read_params()
-    (repo / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
-
-
-@pytest.mark.skipif(not (ROOT / "dvc.lock").exists(), reason="no dvc.lock committed")
-def test_a_changed_scheme_reruns_only_its_cases(tmp_path):
-    repo = _scratch_copy(tmp_path)
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    _lock_with_current_params(repo)
-    assert _stages_with_changed_params(repo) == set()
-    params["schemes"]["mbv2_channels"]["rules"][0]["channels"] = 0.5
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    cases = sorted(n for n, c in params["cases"].items() if c["scheme"] == "mbv2_channels")
-    assert cases
-    # each of the scheme's cases from autodiff on (the scheme's rules are its params there);
-    # nothing of any other case or model
-    changed = _stages_with_changed_params(repo)
-    assert changed and {stage.split("@")[1] for stage in changed} == set(cases), changed
-    assert {stage.split("@")[0] for stage in changed} >= {"autodiff", "prune"}
+    before = resolve(params)
+    data = params.model_dump()
+    data["schemes"]["mbv2_channels"]["rules"][0]["channels"] = 0.5
+    after = resolve(validate(data))
+    cases = sorted(n for n, c in params.cases.items() if c.scheme == "mbv2_channels")
+    changed = {str(path.relative_to(ROOT / "artifacts/resolved"))
+               for path in before if before[path] != after[path]}
+    assert cases and changed == {f"cases/{case}/prune.json" for case in cases}
 
 
 def test_every_project_import_resolves():

@@ -19,8 +19,7 @@ import pytest
 from tvm import relax, tirx
 
 from chained_steps import chained_steps_match
-from conftest import compose_params
-from optimized_steps import optimized_case
+from conftest import compose_params, plan_case
 from pipelines.backend.blas import OPENBLAS_LIB, gemm_kernels, measure, switch_backends
 from pipelines.compile import build
 from pipelines.ir import signature_of, tensor_type, with_signature
@@ -40,11 +39,13 @@ LOAD = "import sys, tvm; tvm.runtime.load_module(sys.argv[1] + '/step.so')"
 
 @pytest.fixture(scope="module")
 def step():
-    """(model config, optimizer config, the optimized step, initial values by Relax name): the
-    phases of pipelines/compile.py up to the build, which each test does its own way."""
+    """(model config, optimizer config, the optimized step, its plan, initial values by Relax
+    name): the phases of pipelines/compile.py up to the build, which each test does its own
+    way."""
     params = compose_params(*OVERRIDES)
-    case = optimized_case(params, "llama_full")
-    return case.model, params.optimizers["sgd"], case.optimized, case.initial
+    full, _, optimized = plan_case(params, "llama_full")
+    return (params.models["llama_tiny"], params.optimizers["sgd"], optimized.module,
+            optimized.plan, full.initial)
 
 
 def batches():
@@ -54,7 +55,7 @@ def batches():
 
 @pytest.mark.slow
 def test_products_become_gemm_kernels_in_every_layout(step):
-    _, _, mod, _ = step
+    _, _, mod, _, _ = step
     layouts = {str(f.attrs["pockengine_gemm"]) for f in gemm_kernels(mod).values()}
     assert layouts == {"nn", "nt", "tn"}
     assert not any(gv.name_hint.startswith(("matmul", "fused_matmul")) for gv in mod.functions)
@@ -63,12 +64,12 @@ def test_products_become_gemm_kernels_in_every_layout(step):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["openblas", "generated"])
 def test_switched_step_matches_pytorch(tmp_path, host_profile, step, backend, monkeypatch):
-    model, optimizer, mod, values = step
+    model, optimizer, mod, plan, values = step
     everything = {name: backend for name in gemm_kernels(mod)}
     # The build measures the host's products: here every product takes ``backend``.
     monkeypatch.setattr("pipelines.backend.blas.measure",
                         lambda mod, target: {n: {"backend": b} for n, b in everything.items()})
-    built = build(mod, host_profile, tmp_path)
+    built = build(mod, plan, host_profile, tmp_path).built
     assert {n: r["backend"] for n, r in built["backends"]["kernels"].items()} == everything
     assert (tmp_path / OPENBLAS_LIB).exists() == (backend == "openblas")
     switched = switch_backends(mod, everything)
@@ -89,7 +90,7 @@ def test_switched_step_matches_pytorch(tmp_path, host_profile, step, backend, mo
 
 @pytest.mark.slow
 def test_measurement_times_both_backends(host_profile, step):
-    _, _, mod, _ = step
+    _, _, mod, _, _ = step
     rows = measure(mod, tvm_target(host_profile))
     assert set(rows) == set(gemm_kernels(mod))
     for row in rows.values():

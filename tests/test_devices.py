@@ -9,7 +9,7 @@
   (CUDA kernels compiled by nvcc into a fatbin), Android's Adreno GPU (OpenCL kernels beside
   aarch64 objects); a missing cross compiler is named with its package before anything is
   written;
-- the emulated runner (qemu user mode, pipelines/runtime/remote.py) runs the aarch64 build and
+- the emulated runner (qemu user mode, pipelines/runtime/runners/emulated.py) runs the aarch64 build and
   gets the host build's loss (rel 1e-5) and updated weights (rtol 1e-4, atol 1e-5); the RPC
   runner does the same through a tracker and server on loopback that the test starts and stops;
   a missing tracker, key, qemu or root is named at once. The benchmark stage's
@@ -34,8 +34,10 @@ from conftest import compose_params
 
 from pipelines import profiles
 from pipelines.compose import compose_text
-from pipelines.config import SGD, ConfigError
+from pipelines.ir import signature_of
+from pipelines.config import SGD
 from pipelines.profiles import load_profile, tvm_target
+from pipelines.schema import ConfigError
 
 SIZE = {"vocab": 64, "dim": 32, "layers": 2, "heads": 2, "hidden": 48, "seq_len": 16}
 OPT = SGD(kind="sgd", lr=0.5, momentum=0.9)
@@ -48,7 +50,7 @@ def test_every_profile_resolves_to_a_tvm_target():
     assert set(SHIPPED) <= set(profiles.available_profiles())
     for name in profiles.available_profiles():
         profile = load_profile(name, {})
-        assert profile["name"] == name
+        assert profile.name == name
         assert tvm_target(profile).kind.name in ("llvm", "cuda")
 
 
@@ -59,11 +61,11 @@ def test_a_board_from_hydra_overrides_only():
     assert params["devices"] == ["rpi5"]
     rpi5 = load_profile("rpi5", params["profiles"])
     rpi4 = load_profile("rpi4", {})
-    assert rpi5["target"] == dict(rpi4["target"], mcpu="cortex-a76")
-    assert rpi5["memory_mb"] == 8192 and rpi5["toolchain"] == rpi4["toolchain"]
+    assert rpi5.target == dict(rpi4.target, mcpu="cortex-a76")
+    assert rpi5.memory_mb == 8192 and rpi5.toolchain == rpi4.toolchain
     assert "rpi5" in profiles.available_profiles(params["profiles"])
     # An override of a base reaches the boards derived from it.
-    assert load_profile("rpi5", {**params["profiles"], "rpi4": {"cores": 2}})["cores"] == 2
+    assert load_profile("rpi5", {**params["profiles"], "rpi4": {"cores": 2}}).cores == 2
 
 
 def test_a_board_from_a_new_yaml_file(tmp_path, monkeypatch):
@@ -74,20 +76,23 @@ def test_a_board_from_a_new_yaml_file(tmp_path, monkeypatch):
         "memory_budget_mb: 4096\n")
     monkeypatch.setattr(profiles, "PROFILES", tmp_path)
     nano = load_profile("orin_nano", {})
-    assert nano["target"]["arch"] == "sm_87" and nano["cores"] == 6
-    assert nano["host"] == load_profile("jetson_orin", {})["host"]
+    assert nano.target["arch"] == "sm_87" and nano.cores == 6
+    assert nano.host == load_profile("jetson_orin", {}).host
     assert "orin_nano" in profiles.available_profiles()
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"runner": "ssh"}, "runner='ssh' is not one of ['docker', 'emulated', 'local', 'none', 'rpc']"),
-    ({"toolchain": {"output": "zip"}}, "toolchain.output='zip' is not one of ['archive', "),
+    ({"runner": "ssh"}, "runner='ssh': Input should be 'local', 'rpc', 'emulated', 'docker' or "
+                        "'none'"),
+    ({"toolchain": {"output": "zip"}}, "toolchain.output='zip': Input should be 'shared' or "),
     ({"speed": 3}, "unknown keys ['speed']; allowed: ['cores', "),
     ({"runner": "rpc", "remote": {"tracker": "somewhere", "key": "k"}},
-     "remote.tracker='somewhere'; allowed: HOST:PORT"),
+     "remote.tracker='somewhere': allowed: HOST:PORT"),
+    ({"runner": "rpc", "remote": None}, "runner 'rpc' needs the section 'remote' with ['key', "),
     ({"runner": "local", "toolchain": {"output": "archive"}}, "allowed with an archive"),
-    ({"memory_mb": -1}, "memory_mb=-1; allowed: a positive number of MiB"),
-    ({"tune": {"trials": -1}}, "tune.trials=-1; allowed: a whole number >= 0"),
+    ({"memory_mb": -1}, "memory_mb=-1: Input should be greater than 0"),
+    ({"tune": {"trials": -1}}, "tune.trials=-1: Input should be greater than or equal to 0"),
+    ({"tune": {"trials": True}}, "tune.trials=True: Input should be a valid integer"),
     ({"tune": {"trials": 5}}, "tune.trials=5 needs candidates timed on the device"),
     ({"extends": "rpi4"}, "cycle: rpi4 -> rpi4"),
 ])
@@ -117,36 +122,22 @@ def _needs(tool: str, package: str):
 def step(tmp_path_factory):
     """A small training step (decoder, paper scheme) through the chain's phases, optimized and
     not yet built, and the initial value of each parameter (by Relax name)."""
-    from pipelines.compile import optimize, sparse_update, training_graph
-    from pipelines.frontends import import_model, lower_model
-    from pipelines.frontends.weights import FILE, initial_weights, save_weights
-    from pipelines.io import read_json
-    from pipelines.training.scheme import select
+    from pipelines.compile import compile_to_plan
 
     params = compose_params(*[f"models.llama_tiny.kwargs.{k}={v}" for k, v in SIZE.items()],
                             "models.llama_tiny.batch_size=2")
-    model = params.models["llama_tiny"]
-    weights, imported = tmp_path_factory.mktemp("weights"), tmp_path_factory.mktemp("import")
-    save_weights(initial_weights(model.model_copy(update={"pretrain": None}), None, 0)[0],
-                 weights / FILE)
-    import_model(model, weights, imported)
-    main, names, origins, values = lower_model(model, imported)
-    full, _, _ = training_graph(main, names, origins, OPT)
-    rules = params.schemes["transformer_paper"].rules
-    pruned = sparse_update(full, select(rules, read_json(imported / "layers.json")),
-                           "transformer_paper")
-    return optimize(pruned, reorder_updates=True, recompute=False), values
+    full, _, optimized = compile_to_plan(params.models["llama_tiny"],
+                                         params.schemes["transformer_paper"].rules, OPT,
+                                         scheme_name="transformer_paper")
+    return optimized, full.initial
 
 
-def _build(step, profile: dict, directory):
-    """The step built for ``profile`` into ``directory`` with its manifest, as the build stages
-    write them (stages/build.py); what the build recorded."""
+def _build(step, profile, directory):
+    """The step built for ``profile`` into ``directory``, as the build stages write it
+    (stages/build.py); what the build recorded."""
     from pipelines.compile import build
-    from pipelines.io import write_manifest
 
-    built = build(step[0], profile, directory)
-    write_manifest(directory, f"build@test-{profile['name']}", {}, {"profile": profile, **built})
-    return built
+    return build(step[0].module, step[0].plan, profile, directory).built
 
 
 def _batch(signature: dict, seed: int = 0):
@@ -220,9 +211,9 @@ def test_jetson_build_carries_nvcc_compiled_kernels(step, tmp_path):
 def test_android_adreno_opencl_build_is_an_archive_with_the_kernels(step, tmp_path):
     """The phone's GPU: OpenCL kernels (source, compiled by the phone's driver at load) packed
     beside the aarch64 host objects."""
-    profile = load_profile("android_sd8g2", {})
-    profile.update(target={"kind": "opencl", "device": "adreno"},
-                   host=dict(profile["target"]))
+    phone = load_profile("android_sd8g2", {})
+    profile = phone.model_copy(update={"target": {"kind": "opencl", "device": "adreno"},
+                                       "host": dict(phone.target)})
     built = _build(step, profile, tmp_path)
     assert built["library"] == "step.tar" and sum(built["kernel_schedules"].values()) > 0
     with tarfile.open(tmp_path / "step.tar") as tar:
@@ -256,7 +247,7 @@ def _assert_same_step(got, want):
 
 @pytest.mark.slow
 def test_emulated_rpi4_step_matches_the_host_build(rpi4_build, host_run):
-    from pipelines.runtime.remote import check_emulation, run_emulated
+    from pipelines.runtime.runners.emulated import check_emulation, run
 
     profile = load_profile("rpi4", {})
     try:
@@ -265,14 +256,13 @@ def test_emulated_rpi4_step_matches_the_host_build(rpi4_build, host_run):
         pytest.skip(str(err))
     directory, built = rpi4_build
     _, args, want = host_run
-    got, times, info = run_emulated(directory / built["library"], args, profile, warmup=1,
-                                    steps=2)
+    got, times, info = run(directory / built["library"], args, profile, warmup=1, steps=2)
     _assert_same_step(got, want)
     assert len(times) == 2 and min(times) > 0 and info["peak_rss_bytes"] > 0
 
 
 def test_emulation_without_qemu_or_a_root_says_how_to_get_them(tmp_path):
-    from pipelines.runtime.remote import check_emulation
+    from pipelines.runtime.runners.emulated import check_emulation
 
     profile = load_profile("rpi4", {"rpi4": {"emulation": {"qemu": "no-such-qemu"}}})
     with pytest.raises(ConfigError, match="emulation.qemu='no-such-qemu' is not on PATH; "
@@ -292,9 +282,9 @@ def test_local_run_on_device_checks_against_the_host_build(step, host_run, host_
     from pipelines.evaluate.device import run_on_device, summary
     from pipelines.runtime.step import CompiledStep
 
-    directory, _, _ = host_run
+    directory, _, want = host_run
     batch = _batch(CompiledStep(directory, step[1]).signature)
-    result = run_on_device("host", host_profile, directory, directory, step[1], batch,
+    result = run_on_device("host", host_profile, directory, step[1], batch, want,
                            warmup=1, steps=2)
     assert result["ran"] and result["verdict"] == "ok" and result["matches_host"]
     assert result["compiled"]["steps"] == 2 and result["compiled"]["median_ms"] > 0
@@ -306,8 +296,9 @@ def test_runner_none_says_it_did_not_run_and_how_to_reach_it(step, apple_build, 
     from pipelines.evaluate.device import run_on_device
 
     directory, _ = apple_build
-    result = run_on_device("apple_m1", load_profile("apple_m1", {}), directory, host_run[0],
-                           step[1], (), warmup=1, steps=1)
+    batch = _batch(signature_of(step[0].module))
+    result = run_on_device("apple_m1", load_profile("apple_m1", {}), directory, step[1], batch,
+                           host_run[2], warmup=1, steps=1)
     assert not result["ran"]
     assert "the archive is linked on the device" in result["reason"]
     assert "+profiles.apple_m1.runner=rpc" in result["reason"]
@@ -354,14 +345,14 @@ def tracker():
             proc.wait(10)
 
 
-def _rpc_profile(tracker: str, key: str = "pock-test") -> dict:
+def _rpc_profile(tracker: str, key: str = "pock-test"):
     return load_profile("host", {"host": {"runner": "rpc", "remote": {
         "tracker": tracker, "key": key, "timeout_s": 120}}})
 
 
 @pytest.mark.slow
 def test_rpc_loopback_step_matches_and_is_timed_on_the_server(host_run, tracker):
-    from pipelines.runtime.remote import run_rpc
+    from pipelines.runtime.runners.rpc import run as run_rpc
 
     directory, args, want = host_run
     got, times, _ = run_rpc(directory / "step.so", args, _rpc_profile(tracker), warmup=1, steps=3)
@@ -371,7 +362,7 @@ def test_rpc_loopback_step_matches_and_is_timed_on_the_server(host_run, tracker)
 
 @pytest.mark.slow
 def test_rpc_unknown_key_lists_the_registered_ones(host_run, tracker):
-    from pipelines.runtime.remote import run_rpc
+    from pipelines.runtime.runners.rpc import run as run_rpc
 
     directory, args, _ = host_run
     with pytest.raises(ConfigError, match=r"remote.key='rpi4' is not registered .* "
@@ -381,7 +372,7 @@ def test_rpc_unknown_key_lists_the_registered_ones(host_run, tracker):
 
 def test_rpc_without_a_tracker_fails_at_once(tmp_path):
     """Named before anything is uploaded: no build is needed to see it."""
-    from pipelines.runtime.remote import run_rpc
+    from pipelines.runtime.runners.rpc import run as run_rpc
 
     start = time.time()
     with pytest.raises(ConfigError, match="no RPC tracker answers at remote.tracker=127.0.0.1:"):

@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.config import SGD, ConfigError
+from pipelines.config import SGD
 from pipelines.profiles import load_profile
+from pipelines.schema import ConfigError
 
 OPT = SGD(kind="sgd", lr=0.05, momentum=0.9)
 CASE = "mbv2"  # the default experiment's: mbv2 with the paper's scheme
@@ -47,13 +48,6 @@ def host_step(params, build_case):
     return build_case(params, CASE, optimizer=OPT)
 
 
-def _manifest(directory, profile: dict, built: dict) -> None:
-    """manifest.json as the build stages write it (stages/build.py)."""
-    from pipelines.io import write_manifest
-
-    write_manifest(directory, f"build@{CASE}-{profile['name']}", {}, {"profile": profile, **built})
-
-
 @pytest.fixture(scope="module")
 def edge_build(params, host_step, tmp_path_factory):
     """The same step built for the edge_x86 profile (its own CPU, in a container here)."""
@@ -66,7 +60,6 @@ def edge_build(params, host_step, tmp_path_factory):
                        directory, scheme_name=spec.scheme)
     for name, value in compiled.initial.items():  # the same seeded start as the host's
         np.testing.assert_array_equal(value, host_step.initial[name])
-    _manifest(directory, profile, compiled.built)
     return directory
 
 
@@ -78,7 +71,7 @@ def _batches(n: int, seed: int = 1):
 
 @pytest.mark.slow
 def test_container_step_matches_the_local_run(client, host_step, edge_build):
-    from pipelines.runtime.remote import run_docker
+    from pipelines.runtime.runners.docker import run as run_docker
     from pipelines.runtime.step import CompiledStep
 
     local = CompiledStep(edge_build, host_step.initial)
@@ -97,17 +90,19 @@ def test_container_step_matches_the_local_run(client, host_step, edge_build):
 def test_too_little_memory_is_reported_as_out_of_memory(client, host_step, edge_build):
     from pipelines.evaluate.device import run_on_device
     from pipelines.runtime.images import OutOfMemory
-    from pipelines.runtime.remote import run_docker
+    from pipelines.runtime.runners.docker import run as run_docker
     from pipelines.runtime.step import CompiledStep
 
     local = CompiledStep(host_step.directory, host_step.initial)
-    args = [a.numpy() for a in local.arguments(*_batches(8))]
+    args = local.arguments(*_batches(8))
+    want = [o.numpy() for o in local.function(*args)]
     small = load_profile("edge_x86", {"edge_x86": {"memory_mb": 48}})
     with pytest.raises(OutOfMemory, match="memory_mb=48"):
-        run_docker(host_step.directory / "step.so", args, small, warmup=0, steps=1)
+        run_docker(host_step.directory / "step.so", [a.numpy() for a in args], small,
+                   warmup=0, steps=1)
     # the benchmark stage records it as the device's answer, not a failure
-    result = run_on_device("edge_x86", small, edge_build, host_step.directory, host_step.initial,
-                           _batches(8), warmup=0, steps=1)
+    result = run_on_device("edge_x86", small, edge_build, host_step.initial, _batches(8), want,
+                           warmup=0, steps=1)
     assert result["ran"] and result["verdict"] == "out_of_memory"
     assert result["memory_mb"] == 48 and "memory_mb=48" in result["reason"]
 
@@ -158,7 +153,7 @@ def _run(client, image: str, args: list, data, out) -> tuple[int, str]:
 @pytest.mark.slow
 def test_packaged_image_fine_tunes_and_its_weights_load_into_pytorch(client, package, params,
                                                                      host_step, tmp_path):
-    from pipelines.frontends.torch_module import load_module
+    from pipelines.frontends import load_module
     from pipelines.runtime.step import CompiledStep
 
     data, out = tmp_path / "data", tmp_path / "out"

@@ -21,10 +21,10 @@ from conftest import compose_params
 from onnx import TensorProto, helper
 
 from pipelines.compile import compile
-from pipelines.config import SGD, ConfigError, Model
+from pipelines.config import SGD, ConfigError, model_section
 from pipelines.frontends import import_model, lower_model
 from pipelines.frontends.layers import describe_layers, describe_onnx
-from pipelines.frontends.onnx import (
+from pipelines.frontends.onnx_graph import (
     check_supported,
     load_onnx,
     prepare,
@@ -32,7 +32,7 @@ from pipelines.frontends.onnx import (
     translate_onnx,
 )
 from pipelines.models.mobilenetv2 import MobileNetV2
-from pipelines.models.torch_twin import make_optimizer, train_step
+from pipelines.models.pytorch import make_optimizer, train_step
 from pipelines.runtime.step import CompiledStep, selection_of
 from pipelines.training.graph import MissingGradientRule, build_train_step
 from pipelines.training.optimizers import from_config
@@ -82,14 +82,14 @@ def onnx_file(model: torch.nn.Module, example: torch.Tensor, path):
     return path
 
 
-def compile_file(model: Model, profile, directory, rules=FULL):
+def compile_file(model, profile, directory, rules=FULL):
     """A model file through every phase of the chain: (loaded step, what compile returned)."""
     compiled = compile(model, rules, OPT, profile, directory, scheme_name="test")
     return CompiledStep(compiled.directory, compiled.initial), compiled
 
 
 def compile_onnx(path, profile, directory, batch=BATCH, rules=FULL, blocks=()):
-    return compile_file(Model(frontend="onnx", source=str(path), batch_size=batch,
+    return compile_file(model_section(frontend="onnx", source=str(path), batch_size=batch,
                               blocks=list(blocks)), profile, directory, rules)
 
 
@@ -120,7 +120,7 @@ def compile_keras(profile, directory, model=None, rules=FULL):
     text, names, _ = stablehlo_text(apply, params, example, buffers)
     from_ops = parameter_kinds(text, names)
     assert all(from_ops[n] == k for n, k in kinds.items() if k != "norm"), (kinds, from_ops)
-    step, compiled = compile_file(Model(frontend="keras", source=str(path), batch_size=BATCH),
+    step, compiled = compile_file(model_section(frontend="keras", source=str(path), batch_size=BATCH),
                                   profile, directory / "build", rules)
     return step, compiled, apply, params, buffers
 
@@ -394,10 +394,11 @@ def test_a_model_file_imports_deterministically_without_a_pytorch_module(tmp_pat
     layers = json.loads(imported[0]["layers.json"])
     assert [p["name"] for p in layers["parameters"]] == (
         list(shared_weights()) if frontend == "onnx" else sorted(shared_weights()))
-    _, names, _, values = lower_model(model, tmp_path / "first")
+    lowered = lower_model(model, tmp_path / "first")
+    names, values = lowered.names, lowered.values
     assert {source: values[r].tolist() for r, (_, source) in names.items()} == {
         k: v.tolist() for k, v in shared_weights().items()}
-    from pipelines.evaluate.twin import torch_twin
+    from pipelines.frontends.twin import torch_twin
 
     with pytest.raises(ConfigError, match=f"needs a torch or transformers model; this one's "
                                           f"frontend is '{frontend}'"):
@@ -478,7 +479,7 @@ def test_jax_and_keras_bad_input_is_named(tmp_path):
         translate_stablehlo(text, ["fc.weight"], "dilated.mlir")
     source = tmp_path / "model.py"
     source.write_text("def build(batch_size):\n    return None\n")
-    model = Model(frontend="jax", source=str(source), entry="model", batch_size=2)
+    model = model_section(frontend="jax", source=str(source), entry="model", batch_size=2)
     with pytest.raises(ConfigError, match=r"model\.py: no function 'model' "
                                           r"\(models\.<name>\.entry\)"):
         load_jax_file(model, source)

@@ -25,8 +25,8 @@ import torch
 from conftest import assert_steps_match, task_labels
 
 from pipelines.compile import compile
-from pipelines.config import SGD, ConfigError, Model
-from pipelines.frontends.torch_module import load_module
+from pipelines.config import SGD, ConfigError, model_section
+from pipelines.frontends import load_module
 
 transformers = pytest.importorskip("transformers")
 
@@ -53,10 +53,10 @@ SPARSE = {
 }
 
 
-def hf_model(family: str, **keys) -> Model:
+def hf_model(family: str, **keys):
     """The family's tests/frontends/hf/ config as a transformers model (BERT with its three
     inputs), ``keys`` on top."""
-    return Model(frontend="transformers", source=f"{HF}/{family}", batch_size=BATCH,
+    return model_section(frontend="transformers", source=f"{HF}/{family}", batch_size=BATCH,
                  dims={"sequence": SEQ, "image_size": 32},
                  inputs=BERT_INPUTS if family == "bert" else [], **keys)
 
@@ -69,7 +69,7 @@ def sparse_rules(family: str) -> list[dict]:
             {"modules": rest}]
 
 
-def batches(model: Model, count: int = 3) -> list[tuple]:
+def batches(model, count: int = 3) -> list[tuple]:
     """Random batches of the model's inputs, then class labels: token ids above 0 (no pad
     token: a decoder classifier reads each row's last token), each row's mask padded after a
     random length, token types 0 then 1, normal pixels."""
@@ -186,14 +186,14 @@ def test_an_onnx_export_steps_like_pytorch_under_the_state_dict_names(tmp_path, 
     parameters mapped back; graph constants never trained), but those the export folded into
     constants (frozen, named). Three steps against PyTorch's module, rtol 1e-4, frozen
     bit-identical."""
-    from pipelines.frontends.onnx import frozen_by_export, load_onnx, prepare
+    from pipelines.frontends.onnx_graph import frozen_by_export, load_onnx, prepare
 
     source = hf_model(family)
     torch.manual_seed(0)
     module, example = load_module(source)
     path = onnx_export(module, example, tmp_path / f"{family}.onnx",
                        optimize=family != "resnet")
-    model = Model(frontend="onnx", source=str(path), batch_size=BATCH)
+    model = model_section(frontend="onnx", source=str(path), batch_size=BATCH)
     params = {name for name, _ in module.named_parameters()}
     # named at import, with the buffers folded alike (LLaMA's rotary table, BERT's positions)
     assert set(frozen_by_export(prepare(load_onnx(path), BATCH, path))) & params == set(
@@ -215,7 +215,7 @@ def test_an_onnx_export_steps_like_pytorch_under_the_state_dict_names(tmp_path, 
 
 
 def test_an_export_that_folded_batch_norm_is_refused_with_the_export_that_keeps_it(tmp_path):
-    from pipelines.frontends.onnx import load_onnx, prepare
+    from pipelines.frontends.onnx_graph import load_onnx, prepare
 
     torch.manual_seed(0)
     module, example = load_module(hf_model("resnet"))
@@ -231,7 +231,7 @@ def test_an_onnx_export_with_dynamic_shapes_takes_them_from_the_config(tmp_path,
     from them): the batch comes from batch_size, the sequence from dims (by the name the export
     gave it; without it the import names the dimension and the key), the shape arithmetic is
     folded, and the step's first loss is PyTorch's on the same batch."""
-    from pipelines.models.torch_twin import task_loss
+    from pipelines.models.pytorch import task_loss
     from pipelines.runtime.step import CompiledStep
 
     source = hf_model("bert")
@@ -241,9 +241,9 @@ def test_an_onnx_export_with_dynamic_shapes_takes_them_from_the_config(tmp_path,
                        dynamic_shapes={n: {0: "batch", 1: "sequence"} for n in example})
     with pytest.raises(ConfigError, match=r"dynamic\.onnx: input 'input_ids' has a dynamic "
                                           r"dimension 'sequence' at axis 1; bind it"):
-        compile(Model(frontend="onnx", source=str(path), batch_size=BATCH), FULL, OPT,
+        compile(model_section(frontend="onnx", source=str(path), batch_size=BATCH), FULL, OPT,
                 host_profile, tmp_path / "unbound")
-    compiled = compile(Model(frontend="onnx", source=str(path), batch_size=BATCH,
+    compiled = compile(model_section(frontend="onnx", source=str(path), batch_size=BATCH,
                              dims={"sequence": SEQ}), FULL, OPT, host_profile, tmp_path / "build")
     batch = batches(source)[0]
     with torch.no_grad():
@@ -265,7 +265,7 @@ def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):
                                  num_hidden_layers=1, num_attention_heads=2,
                                  num_key_value_heads=1, pad_token_id=0, num_labels=3))
     saved.save_pretrained(tmp_path / "llama")
-    model = Model(frontend="transformers", source=str(tmp_path / "llama"), batch_size=2,
+    model = model_section(frontend="transformers", source=str(tmp_path / "llama"), batch_size=2,
                   dims={"sequence": 8})
     weights, _ = initial_weights(model, None, seed=0)
     want = saved.state_dict()
@@ -289,19 +289,19 @@ def test_a_local_pretrained_directory_gives_the_starting_weights(tmp_path):
     ({"source": "tests/frontends"}, r"tests/frontends: no config\.json"),
 ])
 def test_a_bad_transformers_model_is_named(keys, error):
-    model = Model(**(dict(frontend="transformers", source=f"{HF}/llama", batch_size=2,
+    model = model_section(**(dict(frontend="transformers", source=f"{HF}/llama", batch_size=2,
                           dims={"sequence": 8}) | keys))
     with pytest.raises(ConfigError, match=error):
         load_module(model)
 
 
 def test_transformers_keys_belong_to_the_transformers_frontend():
-    with pytest.raises(ValueError, match="architecture, config and inputs are keys of frontend "
-                                         "transformers; this model's frontend is torch"):
-        Model(frontend="torch", source=SOURCE, entry="bert_classifier", batch_size=2,
-              architecture="BertModel")
-    with pytest.raises(ValueError, match="takes no entry or kwargs"):
-        Model(frontend="transformers", source=f"{HF}/bert", entry="build", batch_size=2)
+    """Each frontend's section has its own keys (pipelines/frontends: each Config)."""
+    with pytest.raises(ValueError, match=r"unknown keys \['architecture'\]; allowed: \[.*'entry'"):
+        model_section(frontend="torch", source=SOURCE, entry="bert_classifier", batch_size=2,
+                      architecture="BertModel")
+    with pytest.raises(ValueError, match=r"unknown keys \['entry'\]; allowed: \[.*'architecture'"):
+        model_section(frontend="transformers", source=f"{HF}/bert", entry="build", batch_size=2)
 
 
 @pytest.mark.slow
@@ -310,7 +310,7 @@ def test_bert_fine_tunes_on_text_data_with_its_inputs_bound_by_name(tmp_path, ho
     attention_mask with its [PAD] positions masked, token_type_ids): two fine-tuning steps,
     the compiled step's losses PyTorch's within 1e-4, and the fine-tuned model back as a
     from_pretrained directory."""
-    from pipelines.config import Sentences
+    from pipelines.data.sentences import Config as Sentences
     from pipelines.data import make_data
     from pipelines.evaluate.finetune import finetune
     from pipelines.frontends.transformers import save_pretrained
@@ -377,7 +377,7 @@ def test_a_model_file_wrapping_transformers_is_the_same_model_under_a_prefix():
     the transformers frontend give the same module: the file's names carry the wrapper's
     ``model.`` prefix, and with the same weights the logits are the same."""
     torch.manual_seed(0)
-    wrapped, example = load_module(Model(frontend="torch", source=SOURCE,
+    wrapped, example = load_module(model_section(frontend="torch", source=SOURCE,
                                          entry="bert_classifier", batch_size=BATCH))
     module, own = load_module(hf_model("bert"))
     assert list(example) == list(own) == BERT_INPUTS

@@ -1,6 +1,6 @@
 """LoRA: rank-r adapters beside chosen projections, added to the lowered graph
 (pipelines/training/lora.py) and compiled as an ordinary case of the chain; their PyTorch twin
-and exports (pipelines/models/lora.py, pipelines/evaluate/finetune.py: lora_export).
+and exports (pipelines/models/torch_lora.py, pipelines/evaluate/finetune.py: lora_export).
 
 The compiled MiniLM and llama_tiny steps with adapters (the conftest's small models, cases
 minilm_lora and llama_lora, with SGD momentum) are checked against PyTorch autograd on the same
@@ -13,20 +13,21 @@ model (exactly).
 import numpy as np
 import pytest
 import torch
-from chained_steps import chained_steps_match, lowered
+from chained_steps import chained_steps_match
 from conftest import compose_params
 
-from pipelines.config import SGD, ConfigError, LoRA
+from pipelines.config import SGD, LoRA
 from pipelines.evaluate.finetune import lora_export
-from pipelines.evaluate.twin import torch_twin
-from pipelines.frontends.torch_module import load_module
-from pipelines.models.lora import (
+from pipelines.frontends.twin import torch_twin
+from pipelines.frontends import load_module
+from pipelines.models.torch_lora import (
     adapted_modules,
     adapter_state,
     add_adapters,
     merged_state,
 )
 from pipelines.runtime.step import CompiledStep, selection_of
+from pipelines.schema import ConfigError
 from pipelines.training.lora import add_adapters as add_relax_adapters
 from pipelines.training.lora import lora_of
 
@@ -55,9 +56,11 @@ def llama(small):
 
 
 @pytest.fixture(scope="module")
-def llama_lowered(llama, tmp_path_factory):
-    """The small llama_tiny's lowered main, names, origins and values."""
-    return lowered(llama, tmp_path_factory.mktemp("llama_lora"))[:4]
+def llama_lowered(llama):
+    """The small llama_tiny, lowered (pipelines/phases.py: Lowered)."""
+    from pipelines.compile import import_and_lower
+
+    return import_and_lower(llama)
 
 
 @pytest.mark.slow
@@ -90,7 +93,7 @@ def test_compiled_lora_step_matches_pytorch(small, build_case, case):
 def adapt(lowered_model, lora, seed):
     """The lowered main with adapters: (main, names table and values by Relax name, both with
     the adapters', and the adapters' names)."""
-    main, names, _, values = lowered_model
+    main, names, values = lowered_model.main, lowered_model.names, lowered_model.values
     num_params = sum(1 for kind, _ in names.values() if kind == "parameter")
     func, new_names, new_values = add_relax_adapters(main, names, num_params, lora, seed)
     return func, {**names, **new_names}, {**values, **new_values}, new_names
@@ -98,7 +101,7 @@ def adapt(lowered_model, lora, seed):
 
 def test_fresh_adapters_change_nothing_and_are_seeded(small, llama, llama_lowered):
     lora = small.schemes["llama_lora"].lora
-    main = llama_lowered[0]
+    main = llama_lowered.main
     func, names, values, new_names = adapt(llama_lowered, lora, seed=3)
     sources = {r: source for r, (_, source) in names.items()}
     assert lora_of([s for _, s in new_names.values()]) == LLAMA_ADAPTED

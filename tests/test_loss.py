@@ -10,7 +10,7 @@ import tvm
 from tvm import relax, tirx
 
 from pipelines.backend.cpu_schedules import schedule_cpu_kernels
-from pipelines.config import IGNORE_INDEX
+from pipelines.tasks import IGNORE_INDEX
 from pipelines.ir import signature_of, tensor_type, with_signature
 from pipelines.kernels.softmax_nll import LOSS_KERNEL
 from pipelines.transform import FuseSoftmaxCrossEntropy
@@ -94,16 +94,16 @@ def test_a_pattern_with_another_reader_stays_as_it_was():
                                         ("regression", "regressor")])
 def test_each_task_steps_like_pytorch_with_its_loss(tmp_path, host_profile, task, entry):
     """A model of each task's output shape, full BP, three SGD-momentum steps against PyTorch
-    with the task's loss as PyTorch writes it (models/torch_twin.py: task_loss): the loss and
+    with the task's loss as PyTorch writes it (models/pytorch.py: task_loss): the loss and
     every weight within rtol 1e-4 (conftest.assert_steps_match). The token model's embedding
     has a padding_idx, which the batches use: that row stays as it was, as in PyTorch. The
     regressor's 0-d scale comes back 0-d."""
     from conftest import assert_steps_match, random_batch, task_labels
 
     from pipelines.compile import compile
-    from pipelines.config import SGD, Model
+    from pipelines.config import SGD, model_section
 
-    model = Model(frontend="torch", source="tests/frontends/task_heads.py", entry=entry,
+    model = model_section(frontend="torch", source="tests/frontends/task_heads.py", entry=entry,
                   batch_size=4, task=task)
     optimizer = SGD(kind="sgd", lr=0.1, momentum=0.9)
     torch.manual_seed(0)

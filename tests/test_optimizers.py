@@ -12,7 +12,7 @@ reordering. The state taken out into torch.optim is bit-identical, and PyTorch's
 it matches the next compiled one (loss 1e-5 relative, state rtol 1e-5, atol 1e-7).
 
 Each step goes through the library's phases (pipelines/compile.py): training_graph,
-sparse_update, optimize, build for the host profile, every matrix product generated (which
+prune (the selection as given), optimize, build for the host profile, every matrix product generated (which
 backend a product runs on is tests/test_backends.py's subject). The fast lane runs every
 optimizer and every selection once; the other pairs are slow.
 """
@@ -22,11 +22,12 @@ import pytest
 import torch
 from pydantic import TypeAdapter
 
-from pipelines.compile import build, optimize, sparse_update, training_graph
+from pipelines.compile import build, optimize, prune, training_graph
 from pipelines.config import Optimizer
 from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of
-from pipelines.models.torch_twin import make_optimizer, train_step
+from pipelines.phases import Lowered, PrunedStep
+from pipelines.models.pytorch import make_optimizer, train_step
 from pipelines.runtime.step import CompiledStep, initial_from
 
 STEPS = 5
@@ -44,8 +45,9 @@ CONFIGS = {name: TypeAdapter(Optimizer).validate_python(cfg) for name, cfg in {
 
 @pytest.fixture(scope="module")
 def lowered():
-    """The MLP exported and translated once: (main, names, origins)."""
-    return translate(torch.export.export(make_model(), (torch.zeros(8, 12),)))
+    """The MLP exported and translated once (the initial values come from the module)."""
+    main, names, origins = translate(torch.export.export(make_model(), (torch.zeros(8, 12),)))
+    return Lowered(main, names, origins, values={}, layers={})
 
 
 @pytest.fixture
@@ -60,19 +62,19 @@ def make_model():
 
 
 def compile_step(tmp_path, profile, lowered, cfg, trainable=None, reorder=False):
-    full, _, _ = training_graph(*lowered, cfg)
+    full = training_graph(lowered, cfg).module
     selection = dict.fromkeys(signature_of(full)["source_names"].values() if trainable is None
                               else trainable)
     if isinstance(trainable, dict):
         selection.update(trainable)
-    pruned = sparse_update(full, selection, "test")
+    pruned = prune(full, selection, "test")
     # Every channel slice is computed from sliced operands, never the whole gradient.
     channels = signature_of(pruned)["channels"]
     assert all(c["gradient"] == "operands" for c in channels.values()), channels
     assert len(channels) == (3 if isinstance(trainable, dict) else 0)
-    optimized = optimize(pruned, reorder_updates=reorder, recompute=False)
-    build(optimized, profile, tmp_path)
-    return CompiledStep(tmp_path, initial_from(make_model(), signature_of(optimized)))
+    optimized = optimize(PrunedStep(pruned, [], {}), reorder_updates=reorder)
+    build(optimized.module, optimized.plan, profile, tmp_path)
+    return CompiledStep(tmp_path, initial_from(make_model(), signature_of(optimized.module)))
 
 
 def batches():

@@ -1,12 +1,11 @@
-"""The kernel profile (pipelines/evaluate/profile.py, profile@<case>): every VM call of a step is
+"""The kernel profile (pipelines/evaluate/kernel_profile.py, profile@<case>): every VM call of a step is
 timed once, in order; the loss kernel splits forward from backward, and the kernels returning
 new state are the updates."""
 import pytest
 
-from conftest import random_batch
-from optimized_steps import optimized_case
+from conftest import plan_case, random_batch
 from pipelines.compile import build
-from pipelines.evaluate.profile import kind_of, profile_step, update_kernels
+from pipelines.evaluate.kernel_profile import kind_of, profile_step
 from pipelines.runtime.step import CompiledStep
 
 
@@ -25,9 +24,9 @@ def test_kernel_kinds(symbol, kind):
 @pytest.mark.slow
 def test_every_call_is_timed_and_the_updates_are_found(tmp_path, params, host_profile):
     # The default experiment's mbv2 case: MobileNetV2 with the paper's scheme, SGD.
-    case = optimized_case(params, "mbv2")
-    build(case.optimized, host_profile, tmp_path)
-    compiled = CompiledStep(tmp_path, case.initial)
+    full, _, optimized = plan_case(params, "mbv2")
+    built = build(optimized.module, optimized.plan, host_profile, tmp_path)
+    compiled = CompiledStep(tmp_path, full.initial)
     args = compiled.arguments(*random_batch(compiled, 0))
     (first, second), times = profile_step(compiled, args, warmup=1, steps=2)
     assert len(times) == 2
@@ -35,7 +34,7 @@ def test_every_call_is_timed_and_the_updates_are_found(tmp_path, params, host_pr
     assert all(seconds > 0 for _, seconds in first)
     symbols = [s for s, _ in first]
     assert sum("nll_loss" in s for s in symbols) >= 1
-    updates = update_kernels(case.optimized)
+    updates = set(built.built["update_kernels"])
     # Kernels returning new state: the weight and momentum updates run after the loss, the
     # batch-norm running statistics before it (the profile counts those as forward).
     loss_at = next(i for i, s in enumerate(symbols) if "nll_loss" in s)

@@ -26,18 +26,15 @@ SEARCH = Search(budget_mb=100.0, base=[{"name": "classifier", "modules": ["class
 def mbv2_full(params, tmp_path_factory):
     """The mbv2 model's full training step (every parameter updated), its layers and its
     seeded weights, as the autodiff stage has them."""
-    from chained_steps import lowered
-
-    from pipelines.compile import training_graph
-    from pipelines.frontends.torch_module import load_module
-    from pipelines.models.torch_twin import seed_everything
+    from pipelines.compile import import_and_lower, training_graph
+    from pipelines.frontends import load_module
+    from pipelines.models.pytorch import seed_everything
 
     model = params.models["mbv2"]
-    main, names, origins, _, layers = lowered(model, tmp_path_factory.mktemp("mbv2"))
-    full, _, _ = training_graph(main, names, origins, OPT)
+    full = training_graph(import_and_lower(model), OPT)
     seed_everything(0)
     module, _ = load_module(model)
-    return full, layers, module.state_dict()
+    return full.module, full.layers, module.state_dict()
 
 
 @pytest.fixture

@@ -15,10 +15,11 @@ import torch
 from conftest import assert_steps_match
 
 from pipelines.compile import compile
-from pipelines.config import SGD, ConfigError, Model
+from pipelines.config import SGD, ConfigError, model_section
 from pipelines.frontends.layers import describe_layers, describe_program
-from pipelines.frontends.torch_module import load_module, load_program
-from pipelines.models.torch_twin import make_optimizer, seed_everything, train_step
+from pipelines.frontends import load_module
+from pipelines.frontends.torch_module import load_program
+from pipelines.models.pytorch import make_optimizer, seed_everything, train_step
 
 OPT = SGD(kind="sgd", lr=0.05, momentum=0.9)
 BATCH = 4
@@ -40,14 +41,14 @@ class Net(torch.nn.Module):
         return self.head(self.conv2(x).mean((2, 3)))
 
 
-def saved_program(directory) -> tuple[Net, Model]:
+def saved_program(directory) -> tuple:
     """A seeded Net exported in training mode and saved as a .pt2, with its model config."""
     seed_everything(0)
     net = Net().train()
     program = torch.export.export(net, (torch.zeros(BATCH, 3, 8, 8),))
     path = directory / "net.pt2"
     torch.export.save(program, path)
-    return net, Model(frontend="torch", source=str(path), batch_size=BATCH)
+    return net, model_section(frontend="torch", source=str(path), batch_size=BATCH)
 
 
 def batches(count=3):
@@ -110,7 +111,7 @@ def test_program_with_an_entry_is_refused_naming_the_key(override, message):
 
 
 def test_missing_or_bad_program_file_is_named(tmp_path):
-    missing = Model(frontend="torch", source=str(tmp_path / "gone.pt2"), batch_size=BATCH)
+    missing = model_section(frontend="torch", source=str(tmp_path / "gone.pt2"), batch_size=BATCH)
     with pytest.raises(ConfigError, match=r"gone.pt2: no such file \(models.<name>.source\)"):
         load_module(missing)
     (tmp_path / "bad.pt2").write_bytes(b"not a zip")

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from chained_steps import chained_steps_match, lowered
+from chained_steps import chained_steps_match
 
 from pipelines.config import SGD
 from pipelines.frontends.layers import describe_layers
-from pipelines.frontends.torch_module import load_module
+from pipelines.frontends import load_module
 from pipelines.training.scheme import select
 
 OPT = SGD(kind="sgd", lr=0.5, momentum=0.9)
@@ -38,11 +38,10 @@ def model(small):
 @pytest.fixture(scope="module")
 def full_step(model, tmp_path_factory):
     """The full training step (every parameter updated), its initial values and layers."""
-    from pipelines.compile import training_graph
+    from pipelines.compile import import_and_lower, training_graph
 
-    main, names, origins, values, layers = lowered(model, tmp_path_factory.mktemp("llama"))
-    full, _, _ = training_graph(main, names, origins, OPT)
-    return full, values, layers
+    full = training_graph(import_and_lower(model), OPT)
+    return full.module, full.initial, full.layers
 
 
 def test_transformer_paper_selects_attention_and_first_ffn_linears(small, model):
@@ -60,14 +59,15 @@ def test_transformer_paper_selects_attention_and_first_ffn_linears(small, model)
 def test_compiled_decoder_step_matches_pytorch(tmp_path, small, model, full_step, host_profile,
                                                scheme):
     from pipelines.analysis.liveness import saved_for_backward, update_owners
-    from pipelines.compile import build, optimize, sparse_update
+    from pipelines.compile import build, optimize, prune
     from pipelines.ir import signature_of
+    from pipelines.phases import PrunedStep
     from pipelines.transform import RecomputeActivations, ReorderUpdates
 
     full, values, layers = full_step
     rules = CHANNELS if scheme == "channels" else small.schemes[scheme].rules
     selection = select(rules, layers)
-    pruned = sparse_update(full, selection, scheme)
+    pruned = prune(full, selection, scheme)
     channels = signature_of(pruned)["channels"]
     # Every channel-sparse gradient is computed from sliced operands, never sliced afterwards.
     assert all(c["gradient"] == "operands" for c in channels.values()), channels
@@ -80,11 +80,12 @@ def test_compiled_decoder_step_matches_pytorch(tmp_path, small, model, full_step
         owners = update_owners(signature_of(pruned))
         assert saved_for_backward(RecomputeActivations()(reordered)["train_step"], owners) < (
             saved_for_backward(reordered["train_step"], owners))
-    optimized = optimize(pruned, reorder_updates=True, recompute=recomputing)
+    optimized = optimize(PrunedStep(pruned, [], {}), reorder_updates=True,
+                         recompute="always" if recomputing else "never")
     # RMS norm's squares and their gradients (2 * x ** 1) are products, not powf calls.
-    assert "T.pow(" not in optimized.script()
-    build(optimized, host_profile, tmp_path)
-    compiled = SimpleNamespace(directory=tmp_path, signature=signature_of(optimized),
+    assert "T.pow(" not in optimized.module.script()
+    build(optimized.module, optimized.plan, host_profile, tmp_path)
+    compiled = SimpleNamespace(directory=tmp_path, signature=signature_of(optimized.module),
                                initial=values)
 
     rng = np.random.default_rng(0)

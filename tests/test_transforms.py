@@ -20,6 +20,7 @@ from pipelines.compile import training_graph
 from pipelines.config import Optimizer
 from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of
+from pipelines.phases import Lowered
 from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, PlainPowers, PruneFrozenUpdates,
                                  RecomputeActivations, ReorderUpdates, SliceChannelUpdates)
 
@@ -41,8 +42,8 @@ class MLP(torch.nn.Module):
 def full():
     """The full step: every parameter updated."""
     torch.manual_seed(0)
-    lowered = translate(torch.export.export(MLP(), (torch.zeros(8, 12),)))
-    return training_graph(*lowered, SGD)[0]
+    main, names, origins = translate(torch.export.export(MLP(), (torch.zeros(8, 12),)))
+    return training_graph(Lowered(main, names, origins, values={}, layers={}), SGD).module
 
 
 @pytest.fixture(scope="module")

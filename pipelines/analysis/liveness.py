@@ -132,3 +132,16 @@ def update_owners(signature: dict) -> dict[int, str]:
     owner |= {n: info["param"] or "optimizer" for n, info in signature["optimizer_state"].items()}
     return {i: owner[name.removeprefix("new_")] for i, name in enumerate(signature["outputs"])
             if name.removeprefix("new_") in owner}
+
+
+def update_kernels(optimized) -> list[str]:
+    """Names of the kernels whose results the optimized step returns as new state (the updates;
+    where the optimize phase fused a weight gradient into its update, that kernel counts
+    here)."""
+    func = optimized["train_step"]
+    returned = list(func.body.body.fields[1:])  # after the loss; by identity (names repeat)
+    return sorted({binding.value.args[0].name_hint
+                   for block in func.body.blocks for binding in block.bindings
+                   if isinstance(binding.value, relax.Call)
+                   and getattr(binding.value.op, "name", "") == "relax.call_tir"
+                   and any(binding.var.same_as(var) for var in returned)})

@@ -22,8 +22,8 @@ from pipelines.backend.blas import compile_with_backends
 from pipelines.backend.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
 from pipelines.backend.gpu import GPU_KINDS, gpu_pipeline
 from pipelines.backend.tuning import schedule_cpu
-from pipelines.config import ConfigError
-from pipelines.profiles import PROFILES, runs_here, tvm_target
+from pipelines.profiles import tvm_target
+from pipelines.schema import ConfigError
 
 LIBRARY = {"shared": "step.so", "archive": "step.tar"}
 
@@ -38,27 +38,25 @@ def write_archive(output: str, objects: list[str], options=None) -> None:
                 tar.addfile(info, handle)
 
 
-def check_toolchain(profile: dict) -> None:
+def check_toolchain(profile) -> None:
     """Refuse before compiling when a tool the profile needs is missing, naming the package."""
-    source = f"{PROFILES.name}/{profile['name']}.yaml"
-    toolchain = profile["toolchain"]
-    cc = toolchain.get("cc")
-    if toolchain["output"] == "shared" and cc and shutil.which(cc) is None:
-        package = toolchain.get("package") or "the package that provides it"
-        raise ConfigError(f"{source}: toolchain.cc={cc!r} is not on PATH; install the Debian "
-                          f"package {package} (apt-get install {package})")
-    if profile["target"]["kind"] == "cuda" and shutil.which("nvcc") is None:
-        raise ConfigError(f"{source}: target kind 'cuda' compiles kernels with nvcc, which is "
-                          f"not on PATH; install {NVCC_PACKAGE}")
+    toolchain, cc = profile.toolchain, profile.toolchain.cc
+    if toolchain.output == "shared" and cc and shutil.which(cc) is None:
+        package = toolchain.package or "the package that provides it"
+        raise ConfigError(f"{profile.source}: toolchain.cc={cc!r} is not on PATH; install the "
+                          f"Debian package {package} (apt-get install {package})")
+    if profile.target["kind"] == "cuda" and shutil.which("nvcc") is None:
+        raise ConfigError(f"{profile.source}: target kind 'cuda' compiles kernels with nvcc, "
+                          f"which is not on PATH; install {NVCC_PACKAGE}")
 
 
-def build_step(mod: tvm.IRModule, profile: dict, directory: Path, database=None) -> dict:
+def build_step(mod: tvm.IRModule, profile, directory: Path, database=None) -> dict:
     """Compile ``mod`` for ``profile`` into ``directory``; returns what the manifest records.
     A CPU kernel with a record in ``database`` (a tuning database, pipelines/backend/tuning.py) takes
     its tuned schedule, the others the default one."""
     check_toolchain(profile)
     target = tvm_target(profile)
-    toolchain, kernels, cuda = profile["toolchain"], Counter(), {}
+    toolchain, kernels, cuda = profile.toolchain, Counter(), {}
     if target.kind.name in GPU_KINDS:
         # The gemm kernels stay as they are, transposes folded in: the GPU rules schedule them.
         pipeline, options, backends = gpu_pipeline(target, kernels), {}, {}
@@ -66,28 +64,28 @@ def build_step(mod: tvm.IRModule, profile: dict, directory: Path, database=None)
         # Matrix products on OpenBLAS where measured faster; only a device whose code runs on
         # this machine's CPU (runner local or docker) can be measured, elsewhere they stay
         # generated.
-        measured = runs_here(profile)
+        measured = profile.runs_here
         mod, options, rows = compile_with_backends(mod, target, Path(directory), measured)
         backends = {"measured": measured, "kernels": rows} if measured else {
-            "measured": False, "reason": f"runner {profile['runner']}: the build cannot time "
+            "measured": False, "reason": f"runner {profile.runner}: the build cannot time "
                                          f"kernels on the device; every product generated"}
         (mod, kernels), pipeline = schedule_cpu(mod, target, database), "default"
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
-    library = Path(directory) / LIBRARY[toolchain["output"]]
-    if toolchain["output"] == "archive":
+    library = Path(directory) / LIBRARY[toolchain.output]
+    if toolchain.output == "archive":
         options["fcompile"] = write_archive
-    elif toolchain.get("cc"):
+    elif toolchain.cc:
         from tvm.support import cc
 
-        options["fcompile"] = cc.cross_compiler(toolchain["cc"])
+        options["fcompile"] = cc.cross_compiler(toolchain.cc)
     if target.kind.name == "cuda":
         options["fpack_imports"] = pack_imports_with_fatbin(str(target.attrs["arch"]), cuda)
         cuda.update(nvcc=nvcc_version(), arch=str(target.attrs["arch"]))
     executable.export_library(str(library), **options)
     return {
         "library": library.name, "library_bytes": library.stat().st_size,
-        "output": toolchain["output"], "cc": toolchain.get("cc") or "TVM default (g++)",
-        "links_on_device": toolchain["output"] == "archive",
+        "output": toolchain.output, "cc": toolchain.cc or "TVM default (g++)",
+        "links_on_device": toolchain.output == "archive",
         "target": str(target),
         **({"kernel_schedules": dict(sorted(kernels.items()))} if kernels else {}),
         **({"backends": backends} if backends else {}),

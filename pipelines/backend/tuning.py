@@ -36,11 +36,17 @@ from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from pipelines.backend.cpu_schedules import with_cpu_schedules
+from pipelines.io import ROOT
 from pipelines.timing import step_times
 
-PRETUNED = Path("device_profiles") / "tuned"
+PRETUNED = ROOT / "device_profiles" / "tuned"
 WORKLOADS, RECORDS = "workloads.json", "records.json"
 TRIALS_PER_BATCH = 16
+
+
+def pretuned(device: str) -> Path:
+    """The committed database of ``device`` (may not exist: no records committed)."""
+    return PRETUNED / device
 
 
 def tunable_kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:

@@ -1,5 +1,8 @@
 """The data a model is trained and timed on (a model's ``data`` section, by ``kind``): scikit-learn's
-digits (real), the synthetic text task, synthetic tokens. Every kind gives arrays named
+digits (real), the synthetic text task, synthetic tokens.
+
+A data kind is a module here, registered in KINDS (pipelines/registry.py): its ``Config`` (the
+section, tagged by ``kind``) and ``make(cfg, seed) -> {name: array}``. Every kind gives arrays named
 ``<split>_x`` (the model's first input) and ``<split>_y`` (labels), and a text kind the columns
 a model with several inputs takes by name, ``<split>_attention_mask`` and
 ``<split>_token_type_ids``; the splits that fine-tuning reads are ``finetune_train`` and
@@ -9,16 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.config import ConfigError
-from pipelines.data import digits, sentences, tokens
+from pipelines.registry import entries, tagged_union
+from pipelines.schema import ConfigError
 
-MAKERS = {"digits": digits.make, "sentences": sentences.make, "tokens": tokens.make}
+KINDS = entries(__name__, ("digits", "sentences", "tokens"), "kind")
+Data = tagged_union(KINDS, "kind")  # a model's data section
 FILE = "data.npz"
 
 
 def make_data(cfg, seed: int) -> dict[str, np.ndarray]:
-    """The arrays of ``cfg`` (a Digits, Sentences or Tokens config), seeded."""
-    return MAKERS[cfg.kind](cfg, seed)
+    """The arrays of ``cfg`` (a data section), seeded."""
+    return KINDS[cfg.kind].make(cfg, seed)
 
 
 def split(data: dict, name: str, inputs: list[str] | None = None) -> tuple[list, np.ndarray]:

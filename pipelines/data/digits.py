@@ -7,15 +7,30 @@ over ``channels``.
 """
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import numpy as np
-import torch
-from sklearn.datasets import load_digits
+from pydantic import Field, NonNegativeInt, PositiveInt
 
-from pipelines.config import ConfigError
+from pipelines.schema import ConfigError, Strict
 
 
-def make(cfg, seed: int) -> dict[str, np.ndarray]:
-    """The splits of pipelines/config.py's Digits: {pretrain,finetune}_{train,test}_{x,y}."""
+class Config(Strict):
+    """models.<name>.data with kind digits."""
+
+    kind: Literal["digits"]
+    image_size: PositiveInt
+    channels: PositiveInt
+    pretrain_classes: list[NonNegativeInt] = Field(min_length=1)
+    finetune_classes: list[NonNegativeInt] = Field(min_length=1)
+    test_fraction: Annotated[float, Field(gt=0, lt=1)]
+
+
+def make(cfg: Config, seed: int) -> dict[str, np.ndarray]:
+    """The splits: {pretrain,finetune}_{train,test}_{x,y}."""
+    import torch
+    from sklearn.datasets import load_digits
+
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     size = cfg.image_size

@@ -13,9 +13,21 @@ sentence is [CLS] tokens [SEP], then [PAD] (id 0, masked by the model).
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import Literal
 
-from pipelines.config import ConfigError
+import numpy as np
+from pydantic import PositiveInt
+
+from pipelines.schema import ConfigError, Strict
+
+
+class Config(Strict):
+    """models.<name>.data with kind sentences."""
+
+    kind: Literal["sentences"]
+    seq_len: PositiveInt
+    train_sentences: PositiveInt
+    test_sentences: PositiveInt
 
 SPLITS = {  # word lists per split: (positive words, negative words, things)
     "train": ("good great excellent wonderful nice pleasant amazing fantastic lovely perfect "

@@ -2,12 +2,26 @@
 (speed and memory, never quality)."""
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
+from pydantic import PositiveInt
+
+from pipelines.schema import Strict
 
 
-def make(cfg, seed: int) -> dict[str, np.ndarray]:
-    """``cfg.examples`` sequences of ``cfg.seq_len`` tokens (pipelines/config.py: Tokens), and per
-    token a label drawn the same way."""
+class Config(Strict):
+    """models.<name>.data with kind tokens."""
+
+    kind: Literal["tokens"]
+    vocab: PositiveInt
+    seq_len: PositiveInt
+    examples: PositiveInt
+
+
+def make(cfg: Config, seed: int) -> dict[str, np.ndarray]:
+    """``cfg.examples`` sequences of ``cfg.seq_len`` tokens, and per token a label drawn the
+    same way."""
     rng = np.random.default_rng(seed)
     shape = (cfg.examples, cfg.seq_len)
     return {"train_x": rng.integers(0, cfg.vocab, shape), "train_y": rng.integers(0, cfg.vocab, shape),

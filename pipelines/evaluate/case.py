@@ -1,7 +1,6 @@
 """What evaluate@<case> measures for one case built for the host, as its ``evaluate`` list asks:
 
-- speed: the compiled step against the PyTorch peers in one run (speed.py), and its first
-  steps' losses against PyTorch's on the same batch;
+- speed: the compiled step against its peers in one run (speed.py);
 - finetune: fine-tuning on the model's data, PyTorch beside it (finetune.py).
 
 Plus what the chain already knows of the case: what its scheme removes (the prune report) and
@@ -16,10 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.data import timing_batch
-from pipelines.evaluate.finetune import CHECKED_STEPS, LOSS_RTOL, Finetuned, finetune
+from pipelines.evaluate.finetune import CHECKED_STEPS, Finetuned, check_first_losses, finetune
 from pipelines.evaluate.speed import Spec, measure
-from pipelines.evaluate.twin import step_batch, torch_twin
-from pipelines.io import save_arrays
+from pipelines.frontends.twin import step_batch, torch_twin
+from pipelines.io import read_json, save_arrays
+from pipelines.phases import SIGNATURE
 from pipelines.runtime.step import CompiledStep, selection_of
 
 COST_KEYS = ("ops", "flops", "backward_flops", "param_grad_bytes", "optimizer_state_bytes",
@@ -30,6 +30,31 @@ COST_KEYS = ("ops", "flops", "backward_flops", "param_grad_bytes", "optimizer_st
 class Evaluation:
     metrics: dict
     finetuned: Finetuned | None
+
+    @property
+    def curves(self) -> dict[str, list]:
+        """The DVC plots: per step the losses, per epoch the accuracies (empty lists for a
+        case not fine-tuned)."""
+        tuned = self.finetuned
+        return {"loss": tuned.losses if tuned else [], "accuracy": tuned.accuracy if tuned else []}
+
+
+def save_finetuned(tuned: Finetuned, model, directory: Path) -> None:
+    """The fine-tuned weights (by the source's names), the optimizer's state as torch.optim's,
+    a LoRA scheme's export, and for a transformers model the model as from_pretrained loads it
+    (pretrained/, LoRA merged)."""
+    import torch
+
+    from pipelines.frontends.weights import save_weights
+
+    save_weights(tuned.weights, directory / "weights.safetensors")
+    torch.save(tuned.optimizer_state, directory / "optimizer.pt")
+    if tuned.export is not None:
+        save_weights(tuned.export[1], directory / tuned.export[0])
+    if model.frontend == "transformers" and tuned.plain_weights is not None:
+        from pipelines.frontends.transformers import save_pretrained
+
+        save_pretrained(model, tuned.plain_weights, directory / "pretrained")
 
 
 def synthetic_batch(signature: dict, seed: int, batches: int = 1) -> tuple[np.ndarray, ...]:
@@ -70,7 +95,7 @@ def cost_summary(report: dict) -> dict:
 def first_losses(model, build: Path, initial: dict, optimizer, *batch) -> tuple[list, list]:
     """The compiled step's and PyTorch's losses over the first steps on one batch (the model's
     inputs, then the labels; the second step reads the first one's update)."""
-    from pipelines.models.torch_twin import make_optimizer, train_step
+    from pipelines.models.pytorch import make_optimizer, train_step
 
     compiled = CompiledStep(build, initial)
     twin = torch_twin(model, compiled.signature, initial)
@@ -80,37 +105,39 @@ def first_losses(model, build: Path, initial: dict, optimizer, *batch) -> tuple[
              for _ in range(CHECKED_STEPS)])
 
 
-def evaluate_case(name: str, case, model, optimizer, benchmark, cores: int, build: Path,
-                  initial: dict, data: dict | None, report: dict, plan: dict,
-                  seed: int, lora=None) -> Evaluation:
-    """The case's metrics (and its fine-tuning run): ``case``, ``model``, ``optimizer``,
-    ``benchmark`` are pipelines/config.py sections; ``build`` the host build, ``initial`` its
-    initial state, ``data`` the model's arrays (None: none), ``report`` the prune report,
-    ``plan`` the build's memory plan."""
-    signature = CompiledStep(build, initial).signature
-    metrics = {"case": name, "model": case.model, "scheme": case.scheme,
-               "optimizer": case.optimizer, "cost": cost_summary(report),
+def evaluate_case(inputs, cores: int, build: Path, initial: dict, data: dict | None,
+                  report: dict, plan: dict) -> Evaluation:
+    """The case's metrics (and its fine-tuning run): ``inputs`` what the resolve stage gives
+    evaluate@ (pipelines/resolve.py: EvaluateInputs); ``build`` the host build, ``initial``
+    its initial state, ``data`` the model's arrays (None: none), ``report`` the prune report,
+    ``plan`` the build's memory plan.
+
+    A wrong build fails before anything is timed: its first steps' losses must be PyTorch's,
+    checked once, by fine-tuning where the case fine-tunes, else on the timing batch."""
+    model, optimizer = inputs.model, inputs.optimizer
+    signature = read_json(Path(build) / SIGNATURE)
+    metrics = {"case": inputs.case, "model": inputs.model_name, "scheme": inputs.scheme,
+               "optimizer": inputs.optimizer_name, "cost": cost_summary(report),
                "plan": {"planned_peak_bytes": plan["planned_peak_bytes"],
                         "recomputed": plan["recomputed"]}}
-    torch_model = model.in_pytorch
-    if "speed" in case.evaluate:
-        batch = batch_for(signature, model, data, seed)
-        if torch_model:  # a wrong build fails here, before anything is timed
+    finetuned = None
+    if "finetune" in inputs.evaluate:
+        finetuned = finetune(model, build, initial, optimizer, data, model.finetune.epochs,
+                             inputs.seed, inputs.lora, inputs.case)
+        metrics["finetune"] = finetuned.metrics
+        checked = finetuned.losses[:CHECKED_STEPS]
+        metrics["losses"] = {side: [r[side] for r in checked] for side in ("compiled", "pytorch")}
+    if "speed" in inputs.evaluate:
+        batch = batch_for(signature, model, data, inputs.seed)
+        if model.in_pytorch and finetuned is None:
             compiled, pytorch = first_losses(model, build, initial, optimizer, *batch)
-            if not np.allclose(compiled, pytorch, rtol=LOSS_RTOL, atol=0):
-                raise RuntimeError(f"{name}: the compiled step's losses {compiled} are not "
-                                   f"PyTorch's {pytorch} (rtol {LOSS_RTOL})")
+            check_first_losses(inputs.case, compiled, pytorch)
             metrics["losses"] = {"compiled": compiled, "pytorch": pytorch}
         with tempfile.TemporaryDirectory(prefix="pock-evaluate-") as tmp:
             save_arrays(Path(tmp) / "batch.npz", dict(zip(signature["data"], batch)))
-            spec = Spec(cores, benchmark.warmup, benchmark.steps, Path(tmp) / "batch.npz",
-                        build, initial, model, optimizer, benchmark.rounds,
-                        benchmark.min_seconds)
-            peers = list(benchmark.peers) if torch_model else []
+            spec = Spec(cores, inputs.benchmark.warmup, inputs.benchmark.steps,
+                        Path(tmp) / "batch.npz", build, initial, model, optimizer,
+                        inputs.benchmark.rounds, inputs.benchmark.min_seconds)
+            peers = list(inputs.benchmark.peers) if model.in_pytorch else []
             metrics["speed"] = measure(spec, peers, report)
-    finetuned = None
-    if "finetune" in case.evaluate:
-        finetuned = finetune(model, build, initial, optimizer, data, model.finetune.epochs,
-                             seed, lora, name)
-        metrics["finetune"] = finetuned.metrics
     return Evaluation(metrics, finetuned)

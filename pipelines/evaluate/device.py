@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.io import read_json
-from pipelines.runtime.step import CompiledStep
+from pipelines.phases import Build
+from pipelines.runtime.step import initial_state
 
 # A device's step must match the host build's: each output elementwise to RTOL/ATOL (different
 # CPUs and vector widths sum in different orders); or, for an updated tensor, its change to
@@ -50,55 +50,38 @@ def compare(got: list, want: list, before: list) -> dict:
             "worst_change_error": worst_change}
 
 
-def run_on_device(device: str, profile: dict, build: Path, host_build: Path, initial: dict,
-                  batch: tuple, warmup: int, steps: int) -> dict:
-    """What ran where, checked against the host build; see the module docstring."""
-    built = read_json(build / "manifest.json")["params"]
-    head = {"device": device, "runner": profile["runner"]}
-    if profile["runner"] == "none":
-        return {**head, "ran": False, "reason": (
-            "runner none: nothing here reaches the device" + (
-                "; the archive is linked on the device" if built["links_on_device"] else "")
-            + f"; to run it, start `python -m tvm.exec.rpc_server --tracker HOST:PORT --key "
-              f"KEY` there and set +profiles.{device}.runner=rpc")}
+def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple,
+                  reference: list[np.ndarray], warmup: int, steps: int) -> dict:
+    """What ran where, checked against the host build's outputs ``reference`` on the same
+    arguments (profile@: the loss, then every updated tensor); see the module docstring."""
     from pipelines.runtime.images import OutOfMemory
-    from pipelines.runtime.remote import run_docker, run_emulated, run_rpc
+    from pipelines.runtime.runners import RUNNERS, NotReachable
 
-    host = CompiledStep(host_build, initial)
-    args = host.arguments(*batch)
-    want = [o.numpy() for o in host.function(*args)]
-    before = [None] + [host.state[name].numpy() for name in host.updates]
-    run = {"rpc": run_rpc, "emulated": run_emulated, "docker": run_docker,
-           "local": run_local}[profile["runner"]]
+    built = Build.load(build)
+    head = {"device": device, "runner": profile.runner}
+    signature = built.signature
+    state = initial_state(signature, initial)  # the device's library is not loaded here
+    args = ([np.ascontiguousarray(a) for a in batch]
+            + [state[name] for name in signature["inputs"][len(signature["data"]):]])
+    before = [None] + [state[name.removeprefix("new_")] for name in signature["outputs"][1:]]
+    runner = RUNNERS[profile.runner]
     try:
-        got, times, info = run(build / built["library"], [a.numpy() for a in args], profile,
-                               warmup, steps)
+        got, times, info = runner.run(built.library, args, profile, warmup, steps)
+    except NotReachable as err:
+        return {**head, "ran": False, "reason": str(err)}
     except OutOfMemory as err:
         return {**head, "ran": True, "verdict": "out_of_memory",
-                "memory_mb": profile["memory_mb"], "reason": str(err).splitlines()[0]}
+                "memory_mb": profile.memory_mb, "reason": str(err).splitlines()[0]}
     timing = {"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)),
               "steps": len(times)}
-    label = {"emulated": "emulated", "docker": "container"}.get(profile["runner"], "compiled")
     return {
         **head, "ran": True, "verdict": "ok", **info,
-        "loss": float(got[0]), "loss_host": float(want[0]), **compare(got, want, before),
+        "loss": float(got[0]), "loss_host": float(reference[0]),
+        **compare(got, reference, before),
         # Emulated time is qemu's and container time this machine's, not the device's: kept
         # apart from real timings.
-        label: timing,
+        runner.LABEL: timing,
     }
-
-
-def run_local(library: Path, args: list, profile: dict, warmup: int, steps: int):
-    """One step of the build in ``library`` here, then step times (as the remote runners)."""
-    from tvm import relax
-    import tvm
-
-    from pipelines.timing import step_times
-
-    vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
-    inputs = [tvm.runtime.tensor(a) for a in args]
-    outputs = [o.numpy() for o in vm["train_step"](*inputs)]
-    return outputs, step_times(lambda: vm["train_step"](*inputs), warmup, steps), {}
 
 
 def summary(metrics: dict) -> str:

@@ -1,5 +1,5 @@
 """Fine-tuning with the compiled step on the model's data, PyTorch performing the same update
-beside it: the same initial state, optimizer, batches and order (models/torch_twin.py).
+beside it: the same initial state, optimizer, batches and order (models/pytorch.py).
 
 The first steps' losses must agree to ``LOSS_RTOL`` or evaluation fails: a wrong build stops
 here. Later ones drift apart by float rounding and are reported, not checked. What comes back:
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipelines.config import ConfigError
+from pipelines.schema import ConfigError
 from pipelines.data import split
-from pipelines.evaluate.twin import step_batch, torch_twin
-from pipelines.models.lora import adapter_state, merged_state
-from pipelines.models.torch_twin import accuracy, batches, make_optimizer, one_thread, train_step
+from pipelines.frontends.twin import step_batch, torch_twin
+from pipelines.models.torch_lora import adapter_state, merged_state
+from pipelines.models.pytorch import accuracy, batches, make_optimizer, one_thread, train_step
 from pipelines.progress import progress
 from pipelines.runtime.step import CompiledStep, selection_of
 
@@ -78,7 +78,8 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
                            "pytorch": train_step(reference, update, *step,
                                                  task=signature["task"])})
             if len(losses) == CHECKED_STEPS:
-                check_first_losses(name, losses)
+                check_first_losses(name, *([r[side] for r in losses]
+                                           for side in ("compiled", "pytorch")))
         curve.append({"epoch": epoch + 1,
                       "compiled": accuracy(compiled.load_into(evaluator), test_xs, test_y),
                       "pytorch": accuracy(reference, test_xs, test_y)})
@@ -108,16 +109,15 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     return Finetuned(metrics, losses, curve, compiled, weights, optimizer_state, export)
 
 
-def check_first_losses(name: str, losses: list[dict]) -> None:
-    compiled = [r["compiled"] for r in losses]
-    pytorch = [r["pytorch"] for r in losses]
+def check_first_losses(name: str, compiled: list[float], pytorch: list[float]) -> None:
+    """The compiled step's first losses are PyTorch's, or the build is wrong: stop."""
     if not np.allclose(compiled, pytorch, rtol=LOSS_RTOL, atol=0):
         raise RuntimeError(f"{name}: the compiled step's first losses {compiled} are not "
                            f"PyTorch's {pytorch} (rtol {LOSS_RTOL})")
 
 
 def lora_export(weights: dict, lora, trained: dict) -> tuple[str, dict]:
-    """A LoRA scheme's fine-tuned model as ``lora.export`` says (models/lora.py): the plain
+    """A LoRA scheme's fine-tuned model as ``lora.export`` says (models/torch_lora.py): the plain
     model's state with each adapter merged in, or the adapters and other trained tensors."""
     if lora.export == "merged":
         return "merged.safetensors", merged_state(weights, lora.scale)

@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.config import ConfigError
+from pipelines.schema import ConfigError
 from pipelines.io import save_arrays, write_json_atomic
 from pipelines.runtime.images import (OutOfMemory, add_tree, engine, ensure_image, packageable,
                                       run_limited, runs_here, runtime_layers)
 from pipelines.runtime.package_entrypoint import epoch_batches
-from pipelines.runtime.remote import libraries_beside
+from pipelines.runtime.device_io import libraries_beside
 from pipelines.runtime.step import CompiledStep, initial_state
 
 ENTRYPOINT = Path(__file__).parents[1] / "runtime" / "package_entrypoint.py"
@@ -71,7 +71,7 @@ def app_layer(build_dir: Path, initial: dict, about: dict, path: Path) -> None:
             add_tree(tar, app, "app")
 
 
-def make_package(device: str, profile: dict, build_dir: Path, initial: dict, about: dict,
+def make_package(device: str, profile, build_dir: Path, initial: dict, about: dict,
                  out_dir: Path) -> dict:
     """app.tar and image.json for ``device`` in ``out_dir``; the image loaded in the engine."""
     arch = packageable(profile)
@@ -87,15 +87,15 @@ def make_package(device: str, profile: dict, build_dir: Path, initial: dict, abo
     return image
 
 
-def trial(image: dict, profile: dict, build_dir: Path, initial: dict, x: np.ndarray,
+def trial(image: dict, profile, build_dir: Path, initial: dict, x: np.ndarray,
           y: np.ndarray, batch: int) -> dict:
     """Run the image as shipped (one epoch, seed 0) on x, y within the profile's cores and
     memory; the verdict and figures. Raises if its losses are not the build's here."""
-    limits = {"cores": int(profile["cores"]), "memory_mb": int(profile["memory_mb"])}
+    limits = {"cores": int(profile.cores), "memory_mb": int(profile.memory_mb)}
     why = runs_here(packageable(profile))
     if why:
         return {"verdict": "not_run", "reason": why, **limits}
-    timeout = float((profile.get("docker") or {}).get("timeout_s", 900))
+    timeout = profile.docker.timeout_s if profile.docker else 900.0
     with tempfile.TemporaryDirectory() as tmp:
         data, out = Path(tmp, "data"), Path(tmp, "out")
         data.mkdir(), out.mkdir()
@@ -113,7 +113,7 @@ def trial(image: dict, profile: dict, build_dir: Path, initial: dict, x: np.ndar
     want = [local.step(x[index], y[index])
             for index in epoch_batches(len(x), batch, np.random.default_rng(0))]
     if not np.allclose(log["losses"], want, rtol=1e-5, atol=0):
-        raise RuntimeError(f"package@{profile['name']}: the image's losses {log['losses']} are "
+        raise RuntimeError(f"package@{profile.name}: the image's losses {log['losses']} are "
                            f"not the build's here {want} (rtol 1e-5)")
     return {"verdict": "ok", **limits, "steps": log["steps"], "batch_size": batch,
             "ms_per_step": 1000 * log["seconds"] / log["steps"],
@@ -122,7 +122,7 @@ def trial(image: dict, profile: dict, build_dir: Path, initial: dict, x: np.ndar
             "first_loss": log["losses"][0], "last_loss": log["losses"][-1]}
 
 
-def package(name: str, device: str, profile: dict, build_dir: Path, initial: dict,
+def package(name: str, device: str, profile, build_dir: Path, initial: dict,
             trial_steps: int, seed: int, out_dir: Path) -> dict:
     """The image of case ``name`` for ``device`` (app.tar and image.json in ``out_dir``, the
     image loaded in the engine), tried on ``trial_steps`` batches of seeded data of the step's

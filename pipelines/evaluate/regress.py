@@ -15,7 +15,7 @@ import fnmatch
 import json
 import subprocess
 
-from pipelines.config import ConfigError
+from pipelines.schema import ConfigError
 
 
 def metrics_diff(baseline: str, cwd=None) -> dict:

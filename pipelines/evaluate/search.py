@@ -13,7 +13,7 @@ scheme with a ``search`` section (conf/sparse/searched.yaml; prune@<case> runs i
    +-0.1 with no pattern for 150 steps). The held-out fifth's loss is recorded beside it.
 3. Cost: the training memory a scheme controls - parameter gradients, optimizer state and
    the activations saved for backward - as the compiler's own pruned step has them
-   (compile.sparse_update), for the base plus the candidate, minus the base's.
+   (compile.prune), for the base plus the candidate, minus the base's.
 4. Choice: candidates by contribution per byte, at most one ratio per layer, only those that
    help; each is added if the whole chosen scheme, pruned again, still fits ``budget_mb``.
 """
@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from pipelines.analysis.cost import scheme_report
-from pipelines.compile import sparse_update
-from pipelines.config import ConfigError
+from pipelines.compile import prune
+from pipelines.schema import ConfigError
 from pipelines.data import split
-from pipelines.frontends.torch_module import load_module
-from pipelines.models.torch_twin import (batches, make_optimizer, one_thread, seed_everything,
+from pipelines.frontends import load_module
+from pipelines.models.pytorch import (batches, make_optimizer, one_thread, seed_everything,
                                          train_step)
 from pipelines.progress import progress
 from pipelines.training.scheme import rule_matches, select
@@ -44,7 +44,7 @@ def memory_cost(summary: dict) -> int:
 
 def cost_of(rules: list, layers: dict, full) -> int:
     """The training memory ``rules`` control, from the compiler's own pruned step."""
-    return memory_cost(scheme_report(full, sparse_update(full, select(rules, layers), "search")))
+    return memory_cost(scheme_report(full, prune(full, select(rules, layers), "search")))
 
 
 def candidates(cfg, layers: dict) -> list[dict]:

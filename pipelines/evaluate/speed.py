@@ -1,7 +1,7 @@
-"""Speed and memory of a compiled step against PyTorch, in one run: the compiled step, PyTorch
-eager with full backpropagation, eager with the scheme's frozen layers frozen, and
-`torch.compile`d full backpropagation (the peers ``benchmark.peers`` names), each in its own
-process with the same batch and thread count. Each gives step times (ms) and peak resident
+"""Speed and memory of a compiled step against its peers, in one run: the compiled step and the
+peers ``benchmark.peers`` names (pipelines/peers: PyTorch eager with full backpropagation,
+eager with the scheme's frozen layers frozen, `torch.compile`d full backpropagation), each in
+its own process with the same batch and thread count. Each gives step times (ms) and peak resident
 memory above its process's baseline; the ratios are compiled vs each peer.
 
 The cases are timed in interleaved rounds (compiled, peers, compiled, peers, ...), not one after
@@ -22,13 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.peers import PEERS
 from pipelines.timing import step_times
 
 COMPILED = "compiled"
-# Which step's FLOPs each case computes (the prune report): the compiled step and PyTorch with
-# frozen layers do the sparse step's work, the others all of full backpropagation.
-WORK = {COMPILED: "pruned", "torch_eager_frozen": "pruned", "torch_eager_full": "full",
-        "torch_compile_full": "full"}
+# Which step's FLOPs the compiled step computes (the prune report's): the sparse one.
+COMPILED_WORK = "pruned"
 
 
 @dataclass
@@ -48,7 +47,8 @@ class Spec:
 
 
 def make_step(case: str, spec: Spec):
-    """A callable that runs one training step of ``case`` on the spec's batch."""
+    """A callable that runs one training step of ``case`` (the compiled step, or one of
+    pipelines/peers) on the spec's batch."""
     import torch
 
     from pipelines.runtime.step import CompiledStep
@@ -61,20 +61,7 @@ def make_step(case: str, spec: Spec):
         args = compiled.arguments(*batch)
         # the state passed in is not mutated: every call times the same step
         return lambda: compiled.function(*args)
-    from pipelines.evaluate.twin import torch_twin
-    from pipelines.models.torch_twin import make_optimizer, train_step
-    from pipelines.runtime.step import selection_of
-
-    # full BP runs the plain model; frozen runs the scheme's, LoRA adapters and all
-    frozen = case == "torch_eager_frozen"
-    model = torch_twin(spec.model, compiled.signature, spec.initial, adapters=frozen)
-    opt = make_optimizer(model, spec.optimizer,
-                         selection_of(compiled.signature) if frozen else None)
-    tensors = [torch.from_numpy(a) for a in batch]
-    # torch.compile: forward and backward compiled (Inductor, C++ on the CPU), the update
-    # eager; compiling happens in the first warm-up step, outside the timed ones.
-    net = torch.compile(model) if case == "torch_compile_full" else model
-    return lambda: train_step(net, opt, *tensors, task=compiled.signature["task"])
+    return PEERS[case].make_step(spec, compiled, batch)
 
 
 def serve_case(case: str, spec: Spec, conn) -> None:
@@ -178,7 +165,8 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     tokens = x.dtype.kind in "iu" and x.ndim == 2  # a token grid: tokens/s, as LLMs are read
     unit, count = ("tokens", x.shape[0] * x.shape[1]) if tokens else ("examples", x.shape[0])
     for case, row in results.items():
-        row["gflop_per_s"] = report[WORK[case]]["flops"] / row["median_ms"] / 1e6
+        work = COMPILED_WORK if case == COMPILED else PEERS[case].WORK
+        row["gflop_per_s"] = report[work]["flops"] / row["median_ms"] / 1e6
         row["fraction_of_sgemm_peak"] = row["gflop_per_s"] / peak
         row[f"{unit}_per_s"] = count / row["median_ms"] * 1e3
     compiled = results[COMPILED]

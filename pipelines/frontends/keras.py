@@ -8,15 +8,43 @@ TFLite or ONNX: a TFLite conversion folds and renames weights (a dense kernel be
 transposed constant, activations fuse into convolutions), and Keras's ONNX export names
 initializers after graph nodes ("onnx::Conv_54"); both lose what schemes select by. TensorFlow
 itself is not needed to train a Keras model here.
+
+The frontend ``keras`` (pipelines/frontends/__init__.py), through jax.py's StableHLO path.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from pipelines.config import PARAMS, ConfigError
+from pipelines.frontends.base import ModelBase
+from pipelines.io import ROOT
+from pipelines.schema import ConfigError
+
+
+class Config(ModelBase):
+    """models.<name> with frontend keras: ``source`` a .keras file."""
+
+    frontend: Literal["keras"]
+
+
+def import_model(model: Config, weights: Path, out: Path) -> str:
+    """The model's ``stateless_call`` lowered to StableHLO (``weights``: unused, the file holds
+    them), and layers.json (a variable's kind from its Keras layer)."""
+    from pipelines.frontends.stablehlo import write_stablehlo
+
+    path = ROOT / model.source
+    apply, params, example, buffers, kinds = load_keras_file(path, model.batch_size)
+    return write_stablehlo(apply, params, example, buffers, kinds, model.blocks, "keras", path,
+                           out)
+
+
+def lower(model: Config, imported: Path):
+    from pipelines.frontends.stablehlo import read_stablehlo
+
+    return read_stablehlo(imported)
 
 
 def load_keras():
@@ -25,7 +53,7 @@ def load_keras():
     try:
         import keras
     except ImportError as err:
-        raise ConfigError(f"{PARAMS}: model.frontend=keras needs Keras and JAX: pip install -e "
+        raise ConfigError(f"params.yaml: model.frontend=keras needs Keras and JAX: pip install -e "
                           f"'.[keras]' ({err})") from err
     if keras.backend.backend() != "jax":
         raise ConfigError(f"KERAS_BACKEND={keras.backend.backend()!r}: the keras frontend runs "

@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from pipelines.config import ConfigError
+from pipelines.schema import ConfigError
 
 KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 FOLDED = "pkg.onnxscript.optimizer.folded_from"

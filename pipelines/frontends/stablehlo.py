@@ -17,13 +17,16 @@ bindings, which the frontend's no longer match.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from tvm import relax
 from tvm.relax.frontend.stablehlo.stablehlo_translator import StableHLOImporter
 
-from pipelines.config import ConfigError
-from pipelines.ir import identifier
 from pipelines.frontends.graph import origins_of
+from pipelines.io import save_arrays, write_json_atomic, write_text_atomic
+from pipelines.ir import identifier
+from pipelines.schema import ConfigError
 
 
 def stablehlo_text(apply, params: dict, example: np.ndarray, buffers: dict | None = None
@@ -430,3 +433,39 @@ def parameter_kinds(text: str, names: list[str]) -> dict[str, str]:
                     kinds[source] = "linear"
     by_module = {module_and_role(n)[0]: k for n, k in kinds.items()}
     return {n: kinds.get(n, by_module.get(module_and_role(n)[0], "other")) for n in names}
+
+
+def write_stablehlo(apply, params, example, buffers: dict | None, kinds: dict | None,
+                    blocks: list[str], naming: str, path: Path, out: Path) -> str:
+    """The jax and keras frontends' import: ``apply`` lowered to StableHLO, written with its
+    weights (weights.npz), which of them are buffers (state.json) and layers.json (``kinds``
+    by parameter, or from the ops that use them; ``naming``: how layers.json reads paths)."""
+    import jax
+
+    from pipelines.frontends.layers import describe_parameters
+
+    text, names, buffer_names = stablehlo_text(apply, params, np.asarray(example), buffers)
+    values = [np.asarray(v) for v in jax.tree_util.tree_leaves(params)]
+    state = [np.asarray(v) for v in jax.tree_util.tree_leaves(buffers or {})]
+    write_text_atomic(out / "model.mlir", text)
+    save_arrays(out / "weights.npz", dict(zip(names + buffer_names, values + state)))
+    write_json_atomic(out / "state.json", {"parameters": names, "buffers": buffer_names})
+    kinds = kinds or parameter_kinds(text, names)  # Keras says; for JAX, the ops using them
+    layers = describe_parameters([(n, kinds.get(n, "other"), list(v.shape))
+                                  for n, v in zip(names, values)], blocks, naming)
+    write_json_atomic(out / "layers.json", layers)
+    return f"imported {path}: {len(names)} parameters, {text.count(chr(10))} lines of StableHLO"
+
+
+def read_stablehlo(imported: Path):
+    """``main``, names, origins and initial values from write_stablehlo's files."""
+    import json
+
+    from pipelines.io import load_arrays
+
+    path = imported / "model.mlir"
+    state = json.loads((imported / "state.json").read_text())
+    values = load_arrays(imported / "weights.npz")
+    func, names, origins = translate_stablehlo(path.read_text(), state["parameters"], path,
+                                               state["buffers"])
+    return func, names, origins, {r: values[n] for r, (_, n) in names.items()}

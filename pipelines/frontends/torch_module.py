@@ -13,20 +13,95 @@ torch_program.py; its parameters keep their state-dict names.
 Or ``source`` is a saved torch.export program (a ``.pt2`` file, no ``entry``): it is lowered as
 it is, its parameters keep the program's own names, and PyTorch's side (the twin, the starting
 weights) runs the program's graph as a module.
+
+The frontend ``torch`` (pipelines/frontends/__init__.py). The transformers frontend takes the
+same path from its module on (``export_module``).
 """
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import types
 from pathlib import Path
+from typing import Any, ClassVar, Literal
 
-import torch
+from pydantic import model_validator
 
-from pipelines.config import ConfigError
-from pipelines.io import ROOT
+from pipelines.frontends.base import ModelBase
+from pipelines.frontends.python_file import load_file
+from pipelines.io import ROOT, write_json_atomic
+from pipelines.schema import ConfigError
 
 PROGRAM = ".pt2"  # torch.export.save's files
+IMPORTED = "model.pt2"  # the import stage's program (torch and transformers)
+
+
+class Config(ModelBase):
+    """models.<name> with frontend torch: ``source`` a Python file and ``entry`` the function in
+    it that builds the model (with ``kwargs``), or a saved torch.export program (.pt2)."""
+
+    frontend: Literal["torch"]
+    entry: str | None = None
+    kwargs: dict[str, Any] = {}
+    in_pytorch: ClassVar[bool] = True
+
+    @model_validator(mode="after")
+    def _entry(self):
+        if Path(self.source).suffix == PROGRAM:
+            given = [k for k in ("entry", "kwargs", "pretrain") if getattr(self, k)]
+            if given:
+                raise ValueError(f"source {self.source!r} is a saved torch.export program: it "
+                                 f"takes no {' or '.join(given)} (entry and kwargs build a model "
+                                 "from a Python file; pretrain scores in eval mode, which a "
+                                 "program lacks)")
+        elif not self.entry:
+            raise ValueError("frontend torch needs entry: the function in source that builds "
+                             "the model (or a .pt2 program as source)")
+        return self
+
+
+def import_model(model: Config, weights: Path, out: Path) -> str:
+    """The frontend's import: the module exported (or the program loaded) with the weights
+    stage's ``weights``, as ``model.pt2``, and its layers.json."""
+    from pipelines.frontends.layers import describe_program
+    from pipelines.frontends.weights import FILE, load_weights
+
+    if not is_program(model):
+        return export_module(model, weights, out)
+    import torch
+
+    source = ROOT / model.source
+    program = with_weights(load_program(source), load_weights(weights / FILE), source)
+    check_batch(program, model, source)
+    torch.export.save(program, out / IMPORTED)
+    write_json_atomic(out / "layers.json", describe_program(program, model.blocks))
+    return f"loaded {source.name}: {len(program.graph.nodes)} graph nodes"
+
+
+def export_module(model, weights: Path, out: Path, load=None) -> str:
+    """A PyTorch module (torch or transformers frontend: ``load`` makes it, default
+    ``load_module``) with the weights stage's ``weights``, exported with torch.export into
+    ``out``, and its layers.json."""
+    import torch
+
+    from pipelines.frontends.layers import describe_layers
+    from pipelines.frontends.weights import FILE, load_weights
+
+    module, inputs = (load or load_module)(model)
+    module.load_state_dict(load_weights(weights / FILE))
+    program = export(module, inputs)
+    torch.export.save(program, out / IMPORTED)
+    write_json_atomic(out / "layers.json", describe_layers(module, model.blocks))
+    what = f"{Path(model.source).name}:{model.entry}" if getattr(model, "entry", None) \
+        else type(module).__name__
+    return f"exported {what}: {len(program.graph.nodes)} graph nodes"
+
+
+def lower(model, imported: Path):
+    """(main, names, origins, initial values) of the imported program (torch and
+    transformers)."""
+    from pipelines.frontends.torch_program import lower_program
+
+    return lower_program(imported / IMPORTED)
 
 
 def is_program(model) -> bool:
@@ -34,24 +109,11 @@ def is_program(model) -> bool:
     return model.frontend == "torch" and Path(model.source).suffix == PROGRAM
 
 
-def load_file(path: Path, what: str):
-    """The Python module in ``path``, loaded under a name of its own."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file ({what})")
-    spec = importlib.util.spec_from_file_location(f"pock_model_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_module(model: Config) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """(module, example inputs) of the model file's ``entry``, freshly initialised (the caller
+    seeds torch), or of a saved program (which holds its own weights)."""
+    import torch
 
-
-def load_module(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """(module, example inputs) from a Model config of frontend torch or transformers, freshly
-    initialised (the caller seeds torch); a saved program or a checkpoint holds its own
-    weights."""
-    if model.frontend == "transformers":
-        from pipelines.frontends.transformers import load_transformers
-
-        return load_transformers(model)
     path = ROOT / model.source
     if is_program(model):
         program = load_program(path)
@@ -79,6 +141,8 @@ def load_module(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
 
 def export(module: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     """torch.export of ``module`` in training mode, inputs by name in ``forward``'s order."""
+    import torch
+
     order = list(inspect.signature(module.forward).parameters)
     ordered = {name: inputs[name] for name in order if name in inputs}
     return torch.export.export(module.train(), (), kwargs=ordered)
@@ -86,6 +150,8 @@ def export(module: torch.nn.Module, inputs: dict[str, torch.Tensor]):
 
 def load_program(path: Path) -> torch.export.ExportedProgram:
     """The torch.export program saved in ``path`` (a models.<name>.source)."""
+    import torch
+
     if not path.is_file():
         raise ConfigError(f"{path}: no such file (models.<name>.source)")
     try:
@@ -98,6 +164,8 @@ def load_program(path: Path) -> torch.export.ExportedProgram:
 def example_inputs(program: torch.export.ExportedProgram, path: Path) -> dict[str, torch.Tensor]:
     """The program's example inputs by its input names (positional ones first, as it was
     called)."""
+    import torch
+
     args, kwargs = program.example_inputs or ((), {})
     values = list(args) + list(kwargs.values())
     names = list(program.graph_signature.user_inputs)
@@ -128,6 +196,8 @@ def with_weights(program: torch.export.ExportedProgram, weights: dict[str, torch
                  path: Path) -> torch.export.ExportedProgram:
     """``program`` holding ``weights`` (a state dict under its own names, e.g. the weights
     stage's) instead of the values it was saved with."""
+    import torch
+
     state = program.state_dict
     if set(weights) != set(state):
         raise ConfigError(f"{path}: the weights are not the program's: missing "

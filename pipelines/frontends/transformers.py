@@ -15,16 +15,41 @@ attention mask) and returns the logits alone. The fine-tuned weights go back as 
 
 A training step is deterministic, so dropout is off (every ``*dropout*`` / ``*pdrop*``
 probability of the config set to 0), and so is the key-value cache.
+
+The frontend ``transformers`` (pipelines/frontends/__init__.py).
 """
 from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Any, ClassVar, Literal
 
-import torch
+from pydantic import PositiveInt
 
-from pipelines.config import ConfigError
+from pipelines.frontends import torch_module
+from pipelines.frontends.base import ModelBase
 from pipelines.io import ROOT
+from pipelines.schema import ConfigError
+
+
+class Config(ModelBase):
+    """models.<name> with frontend transformers: ``source`` a save_pretrained directory (or a
+    config.json); the class, config overrides and the step's inputs by name."""
+
+    frontend: Literal["transformers"]
+    architecture: str | None = None  # default: config.json's ``architectures``
+    config: dict[str, Any] = {}  # keys of config.json to override
+    inputs: list[str] = []  # default: the model's main input
+    dims: dict[str, PositiveInt] = {}  # input sizes the data does not give (sequence, ...)
+    in_pytorch: ClassVar[bool] = True
+
+
+def import_model(model: Config, weights: Path, out: Path) -> str:
+    """The module with the weights stage's ``weights``, exported with torch.export."""
+    return torch_module.export_module(model, weights, out, load_module)
+
+
+lower = torch_module.lower
 
 CONFIG = "config.json"
 # Inputs a step can feed a transformers model, and how an example of each is made.
@@ -131,6 +156,8 @@ def _size(model, key: str, *fallbacks) -> int:
 def example_inputs(model, config, names: list[str]) -> dict[str, torch.Tensor]:
     """An example batch of each input (token ids above 0, a full mask, one token type,
     normal pixels), at ``batch_size`` and the sizes ``dims`` or the data give."""
+    import torch
+
     data, batch, examples = model.data, model.batch_size, {}
     for name in names:
         if name == "pixel_values":
@@ -153,7 +180,7 @@ def example_inputs(model, config, names: list[str]) -> dict[str, torch.Tensor]:
     return examples
 
 
-def load_transformers(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+def load_module(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """(module, example inputs) of a Model of frontend transformers: the checkpoint's weights
     where ``source`` has them, else a seeded initialisation (the caller seeds torch)."""
     config = config_of(model)
@@ -171,6 +198,8 @@ def save_pretrained(model, state: dict[str, torch.Tensor], directory: Path) -> N
     """``state`` (the step's weights by the model's names) into ``directory`` as a checkpoint
     ``from_pretrained`` loads: config.json (the config the step was built with) and
     model.safetensors."""
+    import torch
+
     config = config_of(model)
     cls = class_of(model, config)
     with torch.device("meta"):

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from pipelines.data import split
-from pipelines.frontends.torch_module import load_module
-from pipelines.models.torch_twin import (accuracy, batches, make_optimizer, one_thread,
+from pipelines.frontends import load_module
+from pipelines.models.pytorch import (accuracy, batches, make_optimizer, one_thread,
                                          seed_everything, train_step)
 from pipelines.patterns import module_matcher
 

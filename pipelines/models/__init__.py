@@ -1,3 +1,3 @@
 """The reference models (each a model file a user could have written: an entry function returns
-the module and an example batch), and their PyTorch twins: the same update in torch.optim
-(torch_twin.py), with LoRA adapters where a case has them (lora.py)."""
+the module and an example batch), and PyTorch's side of every comparison: the same update in
+torch.optim (pytorch.py), with LoRA adapters where a case has them (torch_lora.py)."""

@@ -14,8 +14,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from pipelines.config import ConfigError
-from pipelines.profiles import PROFILES, cpu_architecture
+from pipelines.schema import ConfigError
 
 # target mtriple's architecture -> (Debian architecture, pip platform tags of its wheels).
 # Emulation needs a foreign one (aarch64); pipelines/runtime/images.py uses both.
@@ -26,8 +25,8 @@ DEBIAN = ["python3", "libstdc++6", "libgomp1"]
 WHEELS = ["apache-tvm", "apache-tvm-ffi", "numpy", "ml_dtypes", "typing_extensions"]
 
 
-def emulation_root(profile: dict) -> Path:
-    return Path(str(profile["emulation"]["root"])).expanduser()
+def emulation_root(profile) -> Path:
+    return Path(str(profile.emulation.root)).expanduser()
 
 
 def root_is_ready(root: Path) -> bool:
@@ -35,12 +34,12 @@ def root_is_ready(root: Path) -> bool:
     return (root / "usr/bin/python3").exists() and (root / "opt/pockengine/tvm").exists()
 
 
-def device_architecture(profile: dict, what: str) -> str:
+def device_architecture(profile, what: str) -> str:
     """The profile's CPU architecture (from target.mtriple, or host.mtriple for a GPU), if
     ``what`` (emulation, a container image) supports it."""
-    arch = cpu_architecture(profile)
+    arch = profile.cpu_architecture
     if arch not in ARCHITECTURES:
-        raise ConfigError(f"{PROFILES.name}/{profile['name']}.yaml: the CPU's mtriple gives "
+        raise ConfigError(f"{profile.source}: the CPU's mtriple gives "
                           f"{arch!r}; {what} supports the architectures {sorted(ARCHITECTURES)}")
     return arch
 
@@ -67,7 +66,7 @@ def install_wheels(arch: str, target: Path) -> None:
                     *[f"{w}=={version(w)}" for w in WHEELS]], check=True)
 
 
-def setup_root(profile: dict, root: Path) -> Path:
+def setup_root(profile, root: Path) -> Path:
     arch = device_architecture(profile, "emulation")
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent) as tmp:  # all or nothing

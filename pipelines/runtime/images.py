@@ -30,9 +30,8 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from pipelines.config import ConfigError
 from pipelines.io import sha256_file
-from pipelines.profiles import PROFILES
+from pipelines.schema import ConfigError
 from pipelines.runtime.emulation import (ARCHITECTURES, DEBIAN, WHEELS, debian_command,
                                  device_architecture, install_wheels)
 
@@ -160,15 +159,14 @@ def python_layer(arch: str) -> Path:
     return _cached(f"python-{arch}-{_key(python, wheels, 'no-scripts')}.tar", make)
 
 
-def packageable(profile: dict) -> str:
+def packageable(profile) -> str:
     """The architecture of the image that runs the profile's build, or a ConfigError: the image
     holds a shared library and TVM's CPU runtime."""
-    source = f"{PROFILES.name}/{profile['name']}.yaml"
-    if profile["toolchain"]["output"] != "shared" or profile["target"]["kind"] != "llvm":
-        raise ConfigError(f"{source}: a container image runs a CPU build linked here (target "
-                          f"kind llvm, toolchain.output shared); this profile has target kind "
-                          f"{profile['target']['kind']!r} and output "
-                          f"{profile['toolchain']['output']!r}")
+    if profile.toolchain.output != "shared" or profile.target["kind"] != "llvm":
+        raise ConfigError(f"{profile.source}: a container image runs a CPU build linked here "
+                          f"(target kind llvm, toolchain.output shared); this profile has "
+                          f"target kind {profile.target['kind']!r} and output "
+                          f"{profile.toolchain.output!r}")
     return device_architecture(profile, "a container image")
 
 
@@ -248,7 +246,7 @@ class OutOfMemory(Exception):
     """The container went over the profile's memory and the kernel killed it."""
 
 
-def run_limited(client, image: str, command: list[str], profile: dict, mounts: dict,
+def run_limited(client, image: str, command: list[str], profile, mounts: dict,
                 timeout_s: float) -> str:
     """Run ``command`` in ``image`` limited to the profile's cores and memory (no swap, no
     network); ``mounts`` maps host paths to (container path, mode). Returns the logs; raises
@@ -256,9 +254,9 @@ def run_limited(client, image: str, command: list[str], profile: dict, mounts: d
     past ``timeout_s``."""
     import requests
 
-    cores, memory = int(profile["cores"]), int(profile["memory_mb"])
+    cores, memory = int(profile.cores), int(profile.memory_mb)
     if cores > (os.cpu_count() or 1):
-        raise ConfigError(f"device_profiles/{profile['name']}.yaml: cores={cores}, but this "
+        raise ConfigError(f"{profile.source}: cores={cores}, but this "
                           f"machine has {os.cpu_count()}; a container cannot be given more "
                           f"(allowed: 1 to {os.cpu_count()})")
     container = client.containers.create(
@@ -281,7 +279,7 @@ def run_limited(client, image: str, command: list[str], profile: dict, mounts: d
         logs = container.logs().decode(errors="replace")
         if container.attrs["State"]["OOMKilled"]:
             raise OutOfMemory(f"killed for memory: over memory_mb={memory} "
-                              f"({profile['name']}'s memory)\n{logs[-2000:]}")
+                              f"({profile.name}'s memory)\n{logs[-2000:]}")
         if status["StatusCode"] != 0:
             raise RuntimeError(f"container of {image} exited with {status['StatusCode']}:\n"
                                f"{logs[-3000:]}")

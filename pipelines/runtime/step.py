@@ -71,7 +71,7 @@ class CompiledStep:
         hyper-parameters and the compiled step's optimizer state loaded into it: a
         ``torch.optim`` one, or for a channel-sparse step a ``ChannelSparse`` whose
         slice-shaped state continues exactly where the compiled step stopped."""
-        from pipelines.models.torch_twin import ChannelSparse
+        from pipelines.models.pytorch import ChannelSparse
 
         spec = self.signature["optimizer"]
 

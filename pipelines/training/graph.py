@@ -20,7 +20,7 @@ import tvm
 from tvm import relax
 from tvm.relax.training import AppendLoss
 
-from pipelines.config import ConfigError
+from pipelines.schema import ConfigError
 from pipelines.ir import PADDING_ROWS, dtype_of, shape_of, tensor_type
 from pipelines.training import rules
 from pipelines.training.loss import loss_function

@@ -9,7 +9,7 @@ for each weight W (out x in) of a module a scheme's ``lora.modules`` names. A (r
 and ``<module>.lora_b.weight`` in the source's names; A starts seeded Kaiming-uniform (bound
 1/sqrt(in), as PEFT draws it), B at zero, so a fresh adapter changes nothing. The scheme's
 rules then select what trains (usually ``*.lora_a`` and ``*.lora_b``, and a new head). The
-PyTorch twin (models/lora.py) adds the same adapters and loads these values.
+PyTorch twin (models/torch_lora.py) adds the same adapters and loads these values.
 
 Before::
 
@@ -35,7 +35,7 @@ import math
 import numpy as np
 from tvm import relax
 
-from pipelines.config import ConfigError
+from pipelines.schema import ConfigError
 from pipelines.ir import dtype_of, identifier, op_name, shape_of
 from pipelines.patterns import module_matcher
 

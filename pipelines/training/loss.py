@@ -9,7 +9,7 @@
     regression       output any float shape, labels the same shape float32: mean squared error
 
 Labels equal to IGNORE_INDEX (-100, PyTorch's and transformers' convention) score nothing; the
-mean is over the labels that score. PyTorch's side of the same losses: models/torch_twin.py.
+mean is over the labels that score. PyTorch's side of the same losses: models/pytorch.py.
 
 Each loss is a Relax function ``(output, labels) -> loss`` for relax.training.AppendLoss. The
 token losses shift the integer labels, never the output: the output is reshaped to one row per
@@ -24,7 +24,8 @@ import math
 from tvm import relax
 from tvm.relax.training.loss import CrossEntropyLoss
 
-from pipelines.config import IGNORE_INDEX, TASKS, ConfigError
+from pipelines.schema import ConfigError
+from pipelines.tasks import IGNORE_INDEX, TASKS
 from pipelines.ir import dtype_of, shape_of, tensor_type
 
 SHAPES = {"classification": "[batch, classes]", "causal_lm": "[batch, seq, vocab]",

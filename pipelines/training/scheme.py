@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from pipelines.config import ConfigError
+from pipelines.schema import ConfigError
 from pipelines.patterns import module_matcher
 
 # "other": a parameter of no layer kind above (e.g. a scale a model multiplies by itself).

@@ -6,7 +6,7 @@ compiled kernel, and the VM's own builtins) over ``benchmark.steps`` steps after
 - forward: the calls up to the loss (the first ``nll_loss`` kernel; the fused one,
   ``softmax_nll_loss``, also computes the logits' gradient, and counts here);
 - update: calls after the loss whose result is a new parameter or optimizer state (the step's
-  outputs, found in the optimized IR; batch norm's running statistics are new state too, but
+  outputs, as the build recorded them: analysis/liveness.py, update_kernels; batch norm's running statistics are new state too, but
   computed before the loss, so forward);
 - backward: the other calls after the loss.
 and in a kind by the operator its kernel name starts with (conv2d, its transpose, matmul,
@@ -23,6 +23,7 @@ from collections import defaultdict
 import numpy as np
 from tvm import relax
 
+from pipelines.phases import Build
 from pipelines.runtime.step import CompiledStep
 from pipelines.timing import step_times
 
@@ -41,18 +42,6 @@ def kind_of(symbol: str) -> str:
     if symbol.startswith("vm.builtin"):
         return "VM builtins"
     return next(kind for pattern, kind in KINDS if re.search(pattern, symbol))
-
-
-def update_kernels(optimized) -> set[str]:
-    """Names of the kernels whose results the step returns as new state (the updates; where
-    the optimize stage fused a weight gradient into its update, that kernel counts here)."""
-    func = optimized["train_step"]
-    returned = list(func.body.body.fields[1:])  # after the loss; by identity (names repeat)
-    return {binding.value.args[0].name_hint
-            for block in func.body.blocks for binding in block.bindings
-            if isinstance(binding.value, relax.Call)
-            and getattr(binding.value.op, "name", "") == "relax.call_tir"
-            and any(binding.var.same_as(var) for var in returned)}
 
 
 def profile_step(step: CompiledStep, args, warmup: int,
@@ -79,16 +68,23 @@ def profile_step(step: CompiledStep, args, warmup: int,
     return per_step[warmup:], times
 
 
-def kernel_profile(build, initial: dict, batch: tuple, optimized, warmup: int,
-                   steps: int) -> dict:
-    """The profile of the step built in ``build`` (``optimized``: its optimized module), run
-    from ``initial`` on ``batch``."""
+def reference_outputs(build, initial: dict, batch: tuple) -> dict[str, np.ndarray]:
+    """The outputs of one step of the build in ``build`` from ``initial`` on ``batch`` (the
+    loss, then each new state tensor), by output name: what another build of the same step
+    must give on the same arguments (evaluate/device.py)."""
+    step = CompiledStep(build, initial)
+    outputs = step.function(*step.arguments(*batch))
+    return {name: value.numpy() for name, value in zip(step.signature["outputs"], outputs)}
+
+
+def kernel_profile(build, initial: dict, batch: tuple, warmup: int, steps: int) -> dict:
+    """The profile of the step built in ``build``, run from ``initial`` on ``batch``."""
     step = CompiledStep(build, initial)
     args = step.arguments(*batch)
     plain = float(np.median(step_times(lambda: step.function(*args), warmup, steps)))
     per_step, times = profile_step(step, args, warmup, steps)
     instrumented = float(np.median(times))
-    updates = update_kernels(optimized)
+    updates = set(Build.load(build).built["update_kernels"])
 
     phases, kinds, kernels = defaultdict(float), defaultdict(float), defaultdict(float)
     counts = defaultdict(int)

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from pipelines.config import IGNORE_INDEX
+from pipelines.tasks import IGNORE_INDEX
 
 
 def seed_everything(seed: int) -> None:

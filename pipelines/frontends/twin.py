@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipelines.config import ConfigError
-from pipelines.frontends.torch_module import is_program, load_module
-from pipelines.models.lora import add_adapters, adapted_modules
+from pipelines.frontends import load_module
+from pipelines.frontends.torch_module import is_program
+from pipelines.models.torch_lora import add_adapters, adapted_modules
+from pipelines.schema import ConfigError
 
 
 def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],

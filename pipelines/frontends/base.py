@@ -1,0 +1,46 @@
+"""The part of a model's section (conf/model/<name>.yaml) every frontend shares; each frontend's
+``Config`` adds its own keys and its ``frontend`` tag (pipelines/frontends/__init__.py)."""
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
+
+from pipelines.data import Data
+from pipelines.schema import Strict
+from pipelines.tasks import TASKS
+
+
+class Pretrain(Strict):
+    """PyTorch pre-training on the data's pretrain split (SGD), before any case fine-tunes."""
+
+    epochs: PositiveInt
+    batch_size: PositiveInt
+    lr: PositiveFloat
+    momentum: NonNegativeFloat = 0.0
+    weight_decay: NonNegativeFloat = 0.0
+    keep_initial: list[str] = []  # module patterns left at their initial values (a new head)
+    kind: Literal["sgd"] = "sgd"  # read as an optimizer (models/pytorch.py)
+    nesterov: bool = False
+
+
+class Finetune(Strict):
+    epochs: PositiveInt
+
+
+class ModelBase(Strict):
+    """Where a model comes from and what it is trained on."""
+
+    source: str  # a file (transformers: a directory), relative to the repository root
+    batch_size: PositiveInt
+    data: Data | None = None  # none: the model is compiled and timed, not trained on data
+    pretrain: Pretrain | None = None
+    finetune: Finetune | None = None
+    blocks: list[str] = []  # module-path patterns of the repeated blocks (files' models)
+    # the loss and labels (training/loss.py): classification [B, C] logits, class labels;
+    # causal_lm / masked_lm [B, S, V] logits, a token label per position; regression: MSE
+    task: Literal[TASKS] = "classification"
+
+    # Whether the model is a PyTorch module: it is exported with torch.export, and PyTorch
+    # trains its twin, pre-trains it and times it beside the compiled step.
+    in_pytorch: ClassVar[bool] = False

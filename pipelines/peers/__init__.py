@@ -1,0 +1,17 @@
+"""The peers a compiled step is timed beside (evaluate@<case>, ``benchmark.peers``): other ways
+to do the same training step on the same machine, each timed in its own process on the same
+batch and thread count (pipelines/evaluate/speed.py).
+
+A peer is a module here, registered in PEERS (pipelines/registry.py) under its module name, with
+    WORK                               "full" or "pruned": whose FLOPs its step computes (the
+                                       prune report's full or pruned step), for GFLOP/s
+    make_step(spec, compiled, batch)   a callable that runs one training step; ``spec`` is
+                                       evaluate/speed.py's Spec, ``compiled`` the CompiledStep
+                                       of the build (its signature and initial state), ``batch``
+                                       the step's arrays in its order
+"""
+from __future__ import annotations
+
+from pipelines.registry import entries
+
+PEERS = entries(__name__, ("torch_eager_full", "torch_eager_frozen", "torch_compile_full"))

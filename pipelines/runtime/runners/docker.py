@@ -1,0 +1,59 @@
+"""This machine's CPU in a container limited to the profile's cores and memory (no swap, no
+network), running on_device.py in the runtime image (Debian, TVM, numpy: runtime/images.py). A
+step that does not fit the memory is killed as it would be on the device, and recorded as out
+of memory. Its step times are this machine's cores, labelled container."""
+from __future__ import annotations
+
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+
+from pydantic import PositiveFloat
+
+from pipelines.runtime.device_io import ON_DEVICE, libraries_beside, read_outputs, save_inputs
+from pipelines.schema import Strict
+
+SECTION = "docker"
+TAKES_ARCHIVE = False
+RUNS_HERE = True
+LABEL = "container"
+
+
+class Config(Strict):
+    """A profile's ``docker``: how long a container may run."""
+
+    timeout_s: PositiveFloat = 900
+
+
+def check(profile) -> None:
+    if profile.target["kind"] != "llvm" or profile.cpu_architecture != platform.machine():
+        raise ValueError(f"runner='docker' runs the build on this machine's CPU "
+                         f"({platform.machine()}), but target is {profile.target}; allowed: an "
+                         f"llvm target with mtriple {platform.machine()}-linux-gnu (for another "
+                         "CPU: emulated, rpc or none)")
+
+
+def run(library: Path, args: list, profile, warmup: int, steps: int):
+    """Raises images.OutOfMemory when the step does not fit."""
+    from pipelines.runtime.emulation import ARCHITECTURES, device_architecture
+    from pipelines.runtime.images import engine, ensure_image, run_limited, runtime_layers
+
+    client = engine()
+    arch = device_architecture(profile, "a container image")
+    image = ensure_image(client, arch, runtime_layers(arch), {},
+                         f"pockengine/runtime-{ARCHITECTURES[arch][0]}")
+    timeout = (profile.docker or Config()).timeout_s
+    with tempfile.TemporaryDirectory(prefix="pock-docker-") as tmp:
+        io = Path(tmp)
+        save_inputs(io / "inputs.npz", args)
+        shutil.copy(ON_DEVICE, io / ON_DEVICE.name)
+        shutil.copy(library, io / "step.so")
+        for beside in libraries_beside(library):  # as for RPC
+            shutil.copy(beside, io / beside.name)
+        run_limited(client, image["id"], ["python3", f"/io/{ON_DEVICE.name}", "/io/step.so",
+                                          "/io/inputs.npz", "/io/outputs.npz", str(warmup),
+                                          str(steps)],
+                    profile, {io: ("/io", "rw")}, timeout)
+        outputs, times, info = read_outputs(io / "outputs.npz")
+    return outputs, times, {**info, "image": image["tag"], "image_id": image["id"]}
