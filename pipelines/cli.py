@@ -75,8 +75,10 @@ def _stage(kind: str, case: str, device: str) -> str:
 
 
 def cmd_status(args) -> int:
-    """What DVC would rerun, and why (changed deps, params or outs)."""
-    return subprocess.call(["dvc", "status"])
+    """What DVC would rerun, and why (changed deps or outs): params.yaml resolved first (the
+    resolve stage, a second), since every stage after it depends on its resolved inputs."""
+    code = subprocess.call(["dvc", "repro", "--quiet", "resolve"])
+    return subprocess.call(["dvc", "status"]) if code == 0 else EXIT_STAGE
 
 
 def cmd_scheme_show(args) -> int:
@@ -236,7 +238,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="exit 1 if params.yaml differs from conf/ composed without overrides")
     p.set_defaults(func=cmd_compose)
-    p = sub.add_parser("status", help="which stages are stale and why (dvc status)")
+    p = sub.add_parser("status", help="which stages are stale and why (dvc repro resolve, then "
+                                      "dvc status)")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("scheme", help="inspect a case's scheme, or keep what a search found")
     scheme = p.add_subparsers(dest="scheme_command", required=True)

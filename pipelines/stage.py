@@ -1,16 +1,44 @@
 """How a stage's main runs (stages/<name>.py): bad input ends in one message naming the file and
 key, and exit code 2; what was there before stays, since outputs are replaced only when a stage
-succeeds (pipelines/io.py: atomic_dir)."""
+succeeds (pipelines/io.py: atomic_dir).
+
+With ``POCK_READS`` set to a file, each artifact the stage's process opens for reading is
+appended to it (with the stage's command), so that a test can hold every read to the stage's
+declared DVC deps (tests/test_pipeline_e2e.py).
+"""
 from __future__ import annotations
 
+import json
+import os
 import sys
+from pathlib import Path
 
+from pipelines.io import ARTIFACTS
 from pipelines.schema import ConfigError
 
 EXIT_INPUT = 2
 
 
+def _record_reads(log: Path) -> None:
+    command = " ".join(["python -m", f"stages.{Path(sys.argv[0]).stem}", *sys.argv[1:]])
+    root, seen = str(ARTIFACTS), set()
+
+    def hook(event: str, args: tuple) -> None:
+        if event != "open" or not isinstance(args[0], (str, os.PathLike)):
+            return
+        path, mode = os.path.abspath(os.fspath(args[0])), args[1]
+        reading = "r" in mode if isinstance(mode, str) else not (args[2] & os.O_ACCMODE)
+        if reading and path.startswith(root + os.sep) and path not in seen:
+            seen.add(path)
+            with open(log, "a") as handle:  # our own write: not a read
+                handle.write(json.dumps({"cmd": command, "path": path}) + "\n")
+
+    sys.addaudithook(hook)
+
+
 def run_stage(main, *args) -> None:
+    if os.environ.get("POCK_READS"):
+        _record_reads(Path(os.environ["POCK_READS"]))
     try:
         main(*args)
     except ConfigError as err:

@@ -1,34 +1,63 @@
 """The whole chain with DVC in a temporary copy of the repository, at a small configuration (one
 model, one case, deployed to a phone whose build is an archive it links itself): every stage
-runs and writes its artifacts, a second `dvc repro` runs nothing, forced reruns of the IR stages
-in fresh processes write byte-identical outputs (nothing downstream becomes stale), changing one
-parameter reruns only the stages that read it, and a device memory budget takes the recomputing
-step or is refused naming the overshoot, leaving the earlier build intact."""
+runs and writes its artifacts, reading no artifact its dvc.yaml entry does not declare (each
+stage's reads recorded: pipelines/stage.py), a second `dvc repro` runs nothing, forced reruns of
+the IR stages in fresh processes write byte-identical outputs (nothing downstream becomes stale),
+changing one parameter reruns only the stages that read it, and a device memory budget takes
+the recomputing step or is refused naming the overshoot, leaving the earlier build intact."""
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from pipelines.io import ROOT
 
 SMALL = ["experiment=model", "model@models.model=mbv2", "models.model.pretrain.epochs=1",
          "models.model.finetune.epochs=1", "cases.model.scheme=mbv2_paper",
          "++cases.model.evaluate=[speed,finetune]", "deploy=[model]", "devices=[android_sd8g2]",
-         "package.devices=[]", "benchmark.warmup=1", "benchmark.steps=3",
-         "benchmark.min_seconds=0.2"]
+         "package.devices=[]", "benchmark.peers=[torch_eager_full]", "benchmark.warmup=1",
+         "benchmark.steps=3", "benchmark.min_seconds=0.2"]
 
 
-def run(cmd, cwd):
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+def run(cmd, cwd, env=None):
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     assert result.returncode == 0, f"{cmd} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
 
 
 def ran_stages(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def stale(status: str) -> set[str]:
+    """The stages `dvc status` lists."""
+    return set(re.findall(r"^(\S+):$", status, flags=re.M))
+
+
+def undeclared_reads(repo, log) -> list[tuple[str, str]]:
+    """(stage, artifact) for each artifact a stage read that is neither under one of its deps
+    nor its own output in the making (a temporary sibling, named ".*")."""
+    declared = {entry["cmd"]: [d["path"] for d in entry.get("deps", [])]
+                + [o["path"] for o in entry.get("outs", [])]
+                for entry in yaml.safe_load((repo / "dvc.lock").read_text())["stages"].values()}
+    stage = {entry_cmd: name for name, entry_cmd in
+             ((n, e["cmd"]) for n, e in yaml.safe_load(
+                 (repo / "dvc.lock").read_text())["stages"].items())}
+    bad = []
+    for line in log.read_text().splitlines():
+        read = json.loads(line)
+        path = Path(read["path"]).relative_to(repo)
+        if any(part.startswith(".") for part in path.parts):
+            continue
+        if not any(path == Path(p) or Path(p) in path.parents for p in declared[read["cmd"]]):
+            bad.append((stage[read["cmd"]], str(path)))
+    return sorted(set(bad))
 
 
 def workspace(repo):
@@ -50,9 +79,10 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     compose = [sys.executable, "-m", "pipelines.cli", "compose"]
     run(compose + SMALL, repo)
 
-    first = run(["dvc", "repro"], repo)
+    reads = tmp_path / "reads.jsonl"
+    first = run(["dvc", "repro"], repo, env={**os.environ, "POCK_READS": str(reads)})
     assert ran_stages(first) == {
-        "code", "profiles", "data@model", "weights@model", "import@model", "lower@model",
+        "code", "resolve", "data@model", "weights@model", "import@model", "lower@model",
         "autodiff@model", "prune@model", "optimize@model", "tune@model", "build@model",
         "evaluate@model", "profile@model", "device_tune@model-android_sd8g2",
         "device_build@model-android_sd8g2", "benchmark@model-android_sd8g2", "report"}
@@ -64,6 +94,7 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
                  "metrics/evaluate/model.json", "metrics/benchmark/model-android_sd8g2.json",
                  "report.md"]:
         assert (art / path).is_file(), path
+    assert reads.read_text() and undeclared_reads(repo, reads) == []
     evaluated = json.loads((art / "metrics/evaluate/model.json").read_text())
     assert evaluated["finetune"]["accuracy_compiled"] > evaluated["finetune"]["accuracy_before"]
 
@@ -77,24 +108,29 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     assert "up to date" in run(["dvc", "status"], repo)
 
     # One parameter: the benchmark's step count is read by evaluate, profile and benchmark.
+    # DVC sees params.yaml change for resolve only; once it has run (pock status runs it), the
+    # stages whose resolved inputs changed.
     run(compose + SMALL[:-1] + ["benchmark.steps=4"], repo)
-    status = run(["dvc", "status"], repo)
-    assert set(re.findall(r"^(\S+):$", status, flags=re.M)) == {
+    assert stale(run(["dvc", "status"], repo)) == {"resolve"}
+    run(["dvc", "repro", "resolve"], repo)
+    assert stale(run(["dvc", "status"], repo)) == {
         "evaluate@model", "profile@model", "benchmark@model-android_sd8g2"}
     assert ran_stages(run(["dvc", "repro"], repo)) == {
         "evaluate@model", "profile@model", "benchmark@model-android_sd8g2", "report"}
 
-    # A budget only the recomputing step fits: the device build takes it and says so.
-    plan = json.loads((art / "cases/model/optimize/plan.json").read_text())
-    plain, recomputed = plan["planned_peak_bytes"], plan["recompute"]["planned_peak_bytes"]
-    assert recomputed < plain
-    budget = f"+profiles.android_sd8g2.memory_budget_mb={(plain + recomputed) / 2 / 2**20:.4f}"
+    # A budget only the recomputing step fits (just under the plain step's plan): optimize
+    # makes the recomputing twin, and the device build takes it and says so.
+    plain = json.loads((art / "cases/model/optimize/plan.json").read_text())
+    assert plain["recompute"] is None  # no device needed it
+    budget = f"+profiles.android_sd8g2.memory_budget_mb={plain['planned_peak_bytes'] / 2**20 - 1e-4}"
     run(compose + SMALL[:-1] + ["benchmark.steps=4", budget], repo)
     built = art / "cases/model/android_sd8g2/build"
     assert "recomputing cheap activations" in run(
         ["dvc", "repro", "device_build@model-android_sd8g2"], repo)
-    assert json.loads((built / "manifest.json").read_text())["params"]["recomputed"] is True
-    assert json.loads((built / "plan.json").read_text())["planned_peak_bytes"] == recomputed
+    twin = json.loads((art / "cases/model/optimize/plan.json").read_text())["recompute"]
+    assert twin["for"] == ["android_sd8g2"]
+    assert twin["planned_peak_bytes"] < plain["planned_peak_bytes"]
+    assert json.loads((built / "plan.json").read_text()) == twin
 
     # A budget nothing fits: refused, naming the overshoot and what recomputation reached;
     # the earlier build stays.
