@@ -152,7 +152,8 @@ def cmd_bench(args) -> int:
 
 def cmd_pretuned(args) -> int:
     """Merge the tune stages' records for a device into its committed, pre-tuned database."""
-    from pipelines.backend.tuning import WORKLOADS, merge_databases, pretuned
+    from pipelines.backend.databases import WORKLOADS, pretuned
+    from pipelines.backend.tuning import merge_databases
     from pipelines.io import ARTIFACTS
     from pipelines.profiles import resolved_profile, tvm_target
 
@@ -209,7 +210,7 @@ def cmd_report(args) -> int:
 
 def cmd_regress(args) -> int:
     """Current metrics against the baseline revision's, with the tolerances of regress.rules."""
-    from pipelines.evaluate.regress import gate, metrics_diff, render
+    from pipelines.regress import gate, metrics_diff, render
 
     params = _params()
     baseline = args.baseline or params.regress.baseline

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
-                      TypeAdapter, ValidationError, model_validator)
+                      ValidationError, model_validator)
 
 from pipelines.data import KINDS
 from pipelines.frontends import FRONTENDS, Model
@@ -65,7 +65,7 @@ class LoRA(Strict):
 
 
 class Search(Strict):
-    """Search a scheme under a memory budget (pipelines/evaluate/search.py)."""
+    """Search a scheme under a memory budget (pipelines/search.py)."""
 
     budget_mb: PositiveFloat
     base: list[Rule]
@@ -289,8 +289,3 @@ def load_params(path: Path = PARAMS) -> Params:
     if not path.exists():
         raise ConfigError(f"{path}: not found; run `pock compose` to write it from conf/")
     return validate(yaml.safe_load(path.read_text()) or {}, path)
-
-
-def model_section(**fields):
-    """A model section (conf/model/<name>.yaml's keys), checked: the frontend's Config."""
-    return TypeAdapter(Model).validate_python(fields)

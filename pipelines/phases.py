@@ -177,7 +177,7 @@ class Tuning:
     """For one device: which variant of the optimized step it builds (profiles.variant_for),
     and a tuning database with the schedules of that step's kernels (backend/tune_step.py)."""
 
-    directory: Path  # the database's (backend/tuning.py: open_database)
+    directory: Path  # the database's (backend/databases.py: open_database)
     variant: str
     metrics: dict
 

@@ -10,7 +10,6 @@ The resolve stage resolves each profile the pipeline builds for once
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml

@@ -9,7 +9,7 @@ match the host build's is recorded, and the stage fails.
 """
 import sys
 
-from pipelines.evaluate.case import synthetic_batch
+from pipelines.runtime.step import synthetic_batch
 from pipelines.evaluate.device import CHANGE_RTOL, RTOL, run_on_device, summary
 from pipelines.io import load_arrays, write_json_atomic
 from pipelines.layout import case_dir, device_dir, metrics_path

@@ -10,7 +10,7 @@ before compiling.
 """
 import sys
 
-from pipelines.backend.tuning import open_database
+from pipelines.backend.databases import open_database
 from pipelines.compile import build
 from pipelines.io import atomic_dir, write_json_atomic, write_manifest
 from pipelines.layout import case_dir, device_dir, metrics_path, resolved_profile_path

@@ -1,5 +1,5 @@
 """package@<case>-<device>: a Docker image that fine-tunes the case's model on the device: its
-build, starting weights and an entrypoint on TVM's runtime (pipelines/evaluate/package.py),
+build, starting weights and an entrypoint on TVM's runtime (pipelines/runtime/package.py),
 tried within the device's cores and memory on ``package.trial_steps`` seeded batches.
 
 Output: artifacts/cases/<case>/<device>/package/ (app.tar, the application layer; image.json,
@@ -8,7 +8,7 @@ the image's ID, tag, layers and how to run it); artifacts/metrics/package/<case>
 """
 import sys
 
-from pipelines.evaluate.package import package
+from pipelines.runtime.package import package
 from pipelines.io import atomic_dir, write_json_atomic
 from pipelines.layout import case_dir, device_dir, metrics_path
 from pipelines.phases import TrainingStep

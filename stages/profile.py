@@ -8,7 +8,7 @@ artifacts/cases/<case>/host/reference/outputs.npz.
 """
 import sys
 
-from pipelines.evaluate.case import synthetic_batch
+from pipelines.runtime.step import synthetic_batch
 from pipelines.evaluate.kernel_profile import kernel_profile, reference_outputs
 from pipelines.io import atomic_dir, save_arrays, write_json_atomic, write_manifest
 from pipelines.layout import case_dir, device_dir, metrics_path, resolved_case

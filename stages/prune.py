@@ -1,6 +1,6 @@
 """prune@<case>: the case's scheme applied to its full training step (pipelines/compile.py:
 sparse_update); a scheme with a ``search`` section first finds its rules
-(pipelines/evaluate/search.py).
+(pipelines/search.py).
 
 Output (artifacts/cases/<case>/prune/, a phases.PrunedStep): train_step.relax.py / .json, the
 pruned step (only the scheme's parameters and channels updated); signature.json; scheme.yaml,
@@ -12,7 +12,7 @@ import sys
 
 from pipelines.compile import sparse_update
 from pipelines.data import FILE as DATA
-from pipelines.evaluate.search import search_rules
+from pipelines.search import search_rules
 from pipelines.frontends.weights import FILE as WEIGHTS
 from pipelines.io import atomic_dir, write_json_atomic, write_manifest
 from pipelines.layout import case_dir, metrics_path, model_dir, resolved_case

@@ -23,6 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 HOST = {"kind": "llvm"}  # this machine's CPU, default schedules
 
 
+def model_section(**fields):
+    """A model section (conf/model/<name>.yaml's keys), checked: its frontend's Config."""
+    from pydantic import TypeAdapter
+
+    from pipelines.config import Model
+
+    return TypeAdapter(Model).validate_python(fields)
+
+
 def compose_params(*overrides: str):
     """conf/ composed with ``overrides`` and checked, as `pock compose` would write it."""
     from hydra import compose, initialize_config_dir

@@ -7,7 +7,8 @@ import yaml
 
 from conftest import compose_params
 from pipelines.compose import compose_text, is_stale
-from pipelines.config import ConfigError, validate
+from pipelines.config import validate
+from pipelines.schema import ConfigError
 from pipelines.frontends.layers import describe_layers
 from pipelines.io import atomic_dir, save_arrays
 from pipelines.models.mobilenetv2 import MobileNetV2

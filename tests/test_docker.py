@@ -1,5 +1,5 @@
 """Docker: the runner that limits a device's cores and memory (pipelines/runtime/remote.py,
-images.py), and the packaged images (pipelines/evaluate/package.py, with the entrypoint
+images.py), and the packaged images (pipelines/runtime/package.py, with the entrypoint
 pipelines/runtime/package_entrypoint.py).
 
 - the mbv2 step (the paper's scheme) built for the edge_x86 profile runs in a container of the
@@ -108,7 +108,7 @@ def test_too_little_memory_is_reported_as_out_of_memory(client, host_step, edge_
 
 
 def _about(signature: dict) -> dict:
-    from pipelines.evaluate.package import step_inputs
+    from pipelines.runtime.package import step_inputs
 
     return {"case": CASE, "scheme": "mbv2_paper", "device": "host", "batch_size": 8,
             "inputs": step_inputs(signature, "test")}
@@ -116,7 +116,7 @@ def _about(signature: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def package(client, host_step, tmp_path_factory):
-    from pipelines.evaluate.package import make_package
+    from pipelines.runtime.package import make_package
 
     out = tmp_path_factory.mktemp("package")
     image = make_package("host", load_profile("host", {}), host_step.directory,
@@ -126,7 +126,7 @@ def package(client, host_step, tmp_path_factory):
 
 @pytest.mark.slow
 def test_package_is_content_addressed(package, host_step, tmp_path):
-    from pipelines.evaluate.package import make_package
+    from pipelines.runtime.package import make_package
 
     image, out = package
     about = _about(host_step.signature)
@@ -200,7 +200,7 @@ def test_package_trial_runs_within_the_device_limits(package, host_step):
     """The stage's trial: the image as shipped fine-tunes within the profile's cores and memory
     and gives the build's losses; too little memory is a verdict, not a failure; an image this
     machine cannot run is said to be not run."""
-    from pipelines.evaluate.package import trial
+    from pipelines.runtime.package import trial
 
     x, y = _batches(16)
     build, initial = host_step.directory, host_step.initial
@@ -219,7 +219,7 @@ def test_package_trial_runs_within_the_device_limits(package, host_step):
 def test_package_stage_makes_the_same_image_and_tries_it(client, package, host_step, tmp_path):
     """package@<case>-<device>'s function: the image (the same ID for the same build and
     start), tried on ``trial_steps`` seeded batches of the step's shapes."""
-    from pipelines.evaluate.package import package as package_case
+    from pipelines.runtime.package import package as package_case
 
     metrics = package_case(CASE, "host", load_profile("host", {}), host_step.directory,
                            host_step.initial, 2, 0, tmp_path)

@@ -17,11 +17,12 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import compose_params
+from conftest import compose_params, model_section
 from onnx import TensorProto, helper
 
 from pipelines.compile import compile
-from pipelines.config import SGD, ConfigError, model_section
+from pipelines.config import SGD
+from pipelines.schema import ConfigError
 from pipelines.frontends import import_model, lower_model
 from pipelines.frontends.layers import describe_layers, describe_onnx
 from pipelines.frontends.onnx_graph import (

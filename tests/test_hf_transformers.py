@@ -22,10 +22,11 @@ against PyTorch's module with the same tolerance.
 import numpy as np
 import pytest
 import torch
-from conftest import assert_steps_match, task_labels
+from conftest import assert_steps_match, model_section, task_labels
 
 from pipelines.compile import compile
-from pipelines.config import SGD, ConfigError, model_section
+from pipelines.config import SGD
+from pipelines.schema import ConfigError
 from pipelines.frontends import load_module
 
 transformers = pytest.importorskip("transformers")

@@ -98,10 +98,10 @@ def test_each_task_steps_like_pytorch_with_its_loss(tmp_path, host_profile, task
     every weight within rtol 1e-4 (conftest.assert_steps_match). The token model's embedding
     has a padding_idx, which the batches use: that row stays as it was, as in PyTorch. The
     regressor's 0-d scale comes back 0-d."""
-    from conftest import assert_steps_match, random_batch, task_labels
+    from conftest import assert_steps_match, model_section, random_batch, task_labels
 
     from pipelines.compile import compile
-    from pipelines.config import SGD, model_section
+    from pipelines.config import SGD
 
     model = model_section(frontend="torch", source="tests/frontends/task_heads.py", entry=entry,
                   batch_size=4, task=task)
@@ -124,7 +124,7 @@ def test_each_task_steps_like_pytorch_with_its_loss(tmp_path, host_profile, task
 @pytest.mark.parametrize("task,shape", [("classification", [4, 3, 7]), ("causal_lm", [4, 7]),
                                         ("masked_lm", [2, 3, 4, 5])])
 def test_an_output_the_task_cannot_score_is_named(task, shape):
-    from pipelines.config import ConfigError
+    from pipelines.schema import ConfigError
     from pipelines.training.loss import loss_function
 
     with pytest.raises(ConfigError, match=rf"output is float32 of shape \{shape}.*task '{task}'"):

@@ -28,7 +28,7 @@ from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of
 from pipelines.phases import Lowered, PrunedStep
 from pipelines.models.pytorch import make_optimizer, train_step
-from pipelines.runtime.step import CompiledStep, initial_from
+from pipelines.runtime.step import CompiledStep
 
 STEPS = 5
 CONFIGS = {name: TypeAdapter(Optimizer).validate_python(cfg) for name, cfg in {
@@ -74,7 +74,8 @@ def compile_step(tmp_path, profile, lowered, cfg, trainable=None, reorder=False)
     assert len(channels) == (3 if isinstance(trainable, dict) else 0)
     optimized = optimize(PrunedStep(pruned, [], {}), reorder_updates=reorder)
     build(optimized.module, optimized.plan, profile, tmp_path)
-    return CompiledStep(tmp_path, initial_from(make_model(), signature_of(optimized.module)))
+    state, names = make_model().state_dict(), signature_of(optimized.module)["source_names"]
+    return CompiledStep(tmp_path, {r: state[t].numpy() for r, t in names.items()})
 
 
 def batches():

@@ -1,4 +1,4 @@
-"""The regression gate (pipelines/evaluate/regress.py): current metrics against a committed
+"""The regression gate (pipelines/regress.py): current metrics against a committed
 baseline, tolerances by rule (config RegressRule objects: ``rel`` a fraction of the baseline,
 ``abs`` in the metric's units; only the worse direction gates; absolute times carry no rule, so
 never gate), and `pock regress` exit codes naming what regressed. Bad rules are refused when the
@@ -18,8 +18,9 @@ import yaml
 
 from pipelines import cli
 from pipelines.compose import compose_text
-from pipelines.config import ConfigError, Regress, RegressRule, validate
-from pipelines.evaluate import regress
+from pipelines.config import Regress, RegressRule, validate
+from pipelines.schema import ConfigError
+from pipelines import regress
 
 METRICS = "artifacts/metrics/evaluate/mbv2.json"
 RULES = [RegressRule(**r) for r in [

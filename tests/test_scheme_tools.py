@@ -1,5 +1,5 @@
 """`pock scheme show` (pipelines/report/scheme.py) and the scheme search
-(pipelines/evaluate/search.py) on the reference model (MobileNetV2, small search settings: a few
+(pipelines/search.py) on the reference model (MobileNetV2, small search settings: a few
 candidates, a few probe steps). They are checked for what they promise: show counts what the
 rules select and what pruning saves; search respects its budget and writes a valid scheme.
 
@@ -14,7 +14,8 @@ from conftest import compose_params
 
 from pipelines import cli
 from pipelines.cli import main as pock
-from pipelines.config import SGD, ConfigError, Scheme, Search
+from pipelines.config import SGD, Scheme, Search
+from pipelines.schema import ConfigError
 
 OPT = SGD(kind="sgd", lr=0.01, momentum=0.9)
 SEARCH = Search(budget_mb=100.0, base=[{"name": "classifier", "modules": ["classifier.*"],
@@ -117,7 +118,7 @@ def test_scheme_commands_reject_unknown_or_unsuitable_cases(artifacts, monkeypat
 @pytest.mark.slow
 def test_search_respects_the_budget_and_writes_a_valid_scheme(artifacts, monkeypatch, capsys,
                                                               mbv2_full):
-    from pipelines.evaluate.search import Probe, cost_of, search
+    from pipelines.search import Probe, cost_of, search
 
     full, layers, weights = mbv2_full
     model = compose_params().models["mbv2"]

@@ -6,7 +6,8 @@ within 1e-4 relative, the export reloaded and scored)."""
 import pytest
 from conftest import compose_params
 
-from pipelines.config import ConfigError, case_optimizer
+from pipelines.config import case_optimizer
+from pipelines.schema import ConfigError
 from pipelines.data.sentences import NEGATIONS, SPLITS, sentences, tokenize, tokenizer
 from pipelines.evaluate.finetune import check_first_losses
 

@@ -12,10 +12,11 @@ within rtol 1e-4 / atol 1e-6, frozen parameters bit-identical (conftest.assert_s
 import numpy as np
 import pytest
 import torch
-from conftest import assert_steps_match
+from conftest import assert_steps_match, model_section
 
 from pipelines.compile import compile
-from pipelines.config import SGD, ConfigError, model_section
+from pipelines.config import SGD
+from pipelines.schema import ConfigError
 from pipelines.frontends.layers import describe_layers, describe_program
 from pipelines.frontends import load_module
 from pipelines.frontends.torch_module import load_program

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_steps_match, random_batch
-from pipelines.backend.tuning import PRETUNED, open_database
+from pipelines.backend.databases import PRETUNED, open_database
 from pipelines.io import ROOT
 from pipelines.runtime.step import CompiledStep
 

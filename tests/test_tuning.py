@@ -1,4 +1,4 @@
-"""Tuned schedules (pipelines/backend/tuning.py, pipelines/backend/tune_step.py): the committed
+"""Tuned schedules (pipelines/backend/databases.py, tuning.py, tune_step.py): the committed
 pre-tuned records compute what the default schedules compute (seeded random inputs, rtol 1e-4,
 atol 1e-5: computes_the_same), the database the tune stage writes is the same bytes for the
 same inputs, and bad settings are refused. A step built with the records is checked against
@@ -13,9 +13,10 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 from conftest import plan_case
-from pipelines.backend.tuning import (PRETUNED, InProcessBuilder, computes_the_same, copy_record,
-                                      merge_databases, open_database, open_databases,
-                                      select_records, tunable_kernels, workload)
+from pipelines.backend.cpu_schedules import tunable_kernels
+from pipelines.backend.databases import (PRETUNED, copy_record, open_database, select_records,
+                                         workload)
+from pipelines.backend.tuning import InProcessBuilder, computes_the_same, merge_databases
 from pipelines.schema import ConfigError
 from pipelines.io import ROOT
 from pipelines.profiles import load_profile, tvm_target
@@ -84,7 +85,10 @@ def test_databases_opened_together_apply_the_fastest_record_any_of_them_holds(tm
         database = open_database(tmp_path / directory, create=True)
         for record in records:
             copy_record(record, database)
-    merged = open_databases([tmp_path / "slow", tmp_path / "fast"])
+    merged = ms.database.MemoryDatabase()  # every record of both: MetaSchedule ranks them
+    for directory in (tmp_path / "slow", tmp_path / "fast"):
+        for record in open_database(directory).get_all_tuning_records():
+            copy_record(record, merged)
     top, = merged.get_top_k(merged.commit_workload(first.workload.mod), 1)
     assert [float(s) for s in top.run_secs] == [float(s) for s in first.run_secs]
     assert merged.query_schedule(second.workload.mod, target=TARGET,

@@ -21,7 +21,7 @@ import tvm
 from pipelines.backend.blas import compile_with_backends
 from pipelines.backend.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
 from pipelines.backend.gpu import GPU_KINDS, gpu_pipeline
-from pipelines.backend.tuning import schedule_cpu
+from pipelines.backend.cpu_schedules import schedule_cpu
 from pipelines.profiles import tvm_target
 from pipelines.schema import ConfigError
 
@@ -52,7 +52,7 @@ def check_toolchain(profile) -> None:
 
 def build_step(mod: tvm.IRModule, profile, directory: Path, database=None) -> dict:
     """Compile ``mod`` for ``profile`` into ``directory``; returns what the manifest records.
-    A CPU kernel with a record in ``database`` (a tuning database, pipelines/backend/tuning.py) takes
+    A CPU kernel with a record in ``database`` (a tuning database, backend/databases.py) takes
     its tuned schedule, the others the default one."""
     check_toolchain(profile)
     target = tvm_target(profile)

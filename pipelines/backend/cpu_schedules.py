@@ -1,6 +1,6 @@
 """Default CPU schedules: TVM 0.27's llvm pipeline leaves every kernel an unscheduled scalar loop
-on one thread (an 8x1280x112 matrix product ran at 1.7 GFLOP/s). Without tuning, each kernel of
-the training step gets the same simple schedule:
+on one thread (docs/tuning.md has what that cost). Without tuning, each kernel of the training
+step gets the same simple schedule:
 
 - inline what can be inlined (padding, elementwise producers, epilogues) into the main block,
   except an exponential two blocks read; then simplify the indices the inlined reshapes leave;
@@ -17,6 +17,9 @@ Only loop order, splitting and threading change, and a row reduction's order of 
 partial results): results differ from the unscheduled build by that and the compiler's vector
 code only. A kernel the rule cannot take is left as TVM made it, and counted.
 
+A kernel with a record in a tuning database (databases.py) takes its tuned schedule instead
+(``schedule_cpu``).
+
 This module also sets how a CPU build computes float32 exp and erf: as polynomials, one value or
 a vector at a time, instead of libm calls per lane (see the registration below).
 """
@@ -30,13 +33,12 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts)
+from pipelines.backend.databases import workload
 from pipelines.kernels.softmax_nll import LOSS_KERNEL, schedule_softmax_nll_loss
 
 VECTOR = 16  # float32 lanes: two AVX2 registers, four NEON ones
-# A loop nest of fewer iterations than this runs on one thread: waking TVM's pool costs 1 to
-# 1.5 us a launch here, more than splitting so little work saves. Measured against parallel
-# everywhere (one process, alternating): the host's mbv2_paper step 1.64 -> 1.46 ms, mbv2 full
-# 5.47 -> 5.03, llama_tiny transformer_paper 46.9 -> 46.1; thresholds 4096 to 65536 were alike.
+# A loop nest of fewer iterations than this runs on one thread: waking TVM's pool costs more
+# than splitting so little work saves (docs/tuning.md, "Threads").
 SERIAL_WORK = 16384
 
 
@@ -257,3 +259,46 @@ def with_cpu_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tv
         return mod, Counter()
     scheduled = mod.clone()
     return scheduled, schedule_cpu_kernels(scheduled)
+
+
+def tunable_kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
+    """The kernels a CPU build schedules: unscheduled PrimFuncs with a root block (the
+    hand-written ones without, e.g. take_backward, keep TVM's code), by name."""
+    kernels = {}
+    for gvar, func in sorted(mod.functions_items(), key=lambda item: item[0].name_hint):
+        if not isinstance(func, tirx.PrimFunc) or (func.attrs and func.attrs.get(
+                "tirx.is_scheduled")):
+            continue
+        try:
+            s_tir.Schedule(func).get_sblock("root")
+        except ScheduleError:
+            continue
+        kernels[gvar.name_hint] = func
+    return kernels
+
+
+def apply_database(mod: tvm.IRModule, target, database) -> tuple[tvm.IRModule, list[str]]:
+    """A copy of ``mod`` whose kernels with a record in ``database`` carry their tuned schedule
+    (marked scheduled, so the default schedules leave them); and the names of those kernels."""
+    out, tuned = mod.clone(), []
+    for name, func in tunable_kernels(mod).items():
+        schedule = database.query_schedule(workload(func), target=target, workload_name="main")
+        if schedule is None:
+            continue
+        scheduled = schedule.mod["main"].without_attr("global_symbol")  # the kernel's own name:
+        if func.attrs and "global_symbol" in func.attrs:
+            scheduled = scheduled.with_attr("global_symbol", func.attrs["global_symbol"])
+        out[out.get_global_var(name)] = scheduled.with_attr("tirx.is_scheduled", True)
+        tuned.append(name)
+    return out, tuned
+
+
+def schedule_cpu(mod: tvm.IRModule, target, database=None) -> tuple[tvm.IRModule, Counter]:
+    """``mod`` as a CPU build schedules it: kernels with a record in ``database`` take their
+    tuned schedule, the rest the default one; with how many kernels each way went."""
+    tuned = []
+    if database is not None and target.kind.name == "llvm":
+        mod, tuned = apply_database(mod, target, database)
+    mod, taken = with_cpu_schedules(mod, target)
+    return mod, taken + Counter(tuned=len(tuned))
+

@@ -22,8 +22,9 @@ import tvm
 from tvm import relax
 
 from pipelines.backend.blas import MARGIN, measure, switch_backends
-from pipelines.backend.tuning import (best_record, computes_the_same, kernel_us, open_database,
-                                      select_records, tunable_kernels, tune)
+from pipelines.backend.cpu_schedules import tunable_kernels
+from pipelines.backend.databases import best_record, open_database, select_records
+from pipelines.backend.tuning import computes_the_same, kernel_us, tune
 
 TUNE_SHARE = 0.9  # of the step's kernel time (default schedules) that is tuned
 

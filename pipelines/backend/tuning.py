@@ -1,20 +1,14 @@
-"""Kernel tuning with MetaSchedule, and the tuning databases a CPU build applies.
-
-A tuning database holds, per kernel (a PrimFunc, matched structurally), the best schedule found
-for it on one device. The build applies it before the default schedules
-(pipelines/backend/cpu_schedules.py): a kernel with a record takes its tuned schedule, the others the
-default one. Two databases feed a device's build:
-
-- ``device_profiles/tuned/<device>/``: committed, pre-tuned for the reference workloads (what
-  TVM's TopHub was), so a new user and CI get tuned code without tuning;
-- the tune stage's own (``artifacts/cases/<case>/<device>/tune/``): the committed records this step's kernels
-  match, improved by ``tune.trials`` more trials of MetaSchedule when the profile asks for them.
+"""Kernel tuning with MetaSchedule: the search over a step's costliest kernels (``tune``, for the
+tune stage when a profile asks for ``tune.trials``), timing a kernel as the build schedules it,
+checking a tuned schedule computes what the default one does, and merging records into the
+committed database (`pock pretuned`). Databases themselves: databases.py; applying them:
+cpu_schedules.py (schedule_cpu).
 
 Why candidates are built in this process: TVM's ``LocalBuilder`` starts a new pool of worker
 processes for every batch (its comment: a memory leak in reused workers), and each worker
-imports TVM again. Here 32 trials of one matrix product took 505 s with it and 41 s built in
-process (/tmp experiment, recorded in the issue note); the candidates are still timed in
-``LocalRunner``'s one long-lived worker, so a crashing candidate cannot take the stage down.
+imports TVM again, which costs more than the building (docs/tuning.md, "Why tuning was slow"); the
+candidates are still timed in ``LocalRunner``'s one long-lived worker, so a crashing candidate
+cannot take the stage down.
 """
 from __future__ import annotations
 
@@ -22,186 +16,23 @@ import gzip
 import logging
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
-from tvm.s_tir.schedule.schedule import ScheduleError
 
-from pipelines.backend.cpu_schedules import with_cpu_schedules
-from pipelines.io import ROOT
+from pipelines.backend.cpu_schedules import schedule_cpu
+from pipelines.backend.databases import (RECORDS, WORKLOADS, best_record, copy_record,
+                                         mean_secs, open_database, workload)
 from pipelines.timing import step_times
 
-PRETUNED = ROOT / "device_profiles" / "tuned"
-WORKLOADS, RECORDS = "workloads.json", "records.json"
 TRIALS_PER_BATCH = 16
-
-
-def pretuned(device: str) -> Path:
-    """The committed database of ``device`` (may not exist: no records committed)."""
-    return PRETUNED / device
-
-
-def tunable_kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
-    """The kernels a CPU build schedules: unscheduled PrimFuncs with a root block (the
-    hand-written ones without, e.g. take_backward, keep TVM's code), by name."""
-    kernels = {}
-    for gvar, func in sorted(mod.functions_items(), key=lambda item: item[0].name_hint):
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs and func.attrs.get(
-                "tirx.is_scheduled")):
-            continue
-        try:
-            s_tir.Schedule(func).get_sblock("root")
-        except ScheduleError:
-            continue
-        kernels[gvar.name_hint] = func
-    return kernels
-
-
-def workload(func: tirx.PrimFunc) -> tvm.IRModule:
-    """The module MetaSchedule knows a kernel by: its name does not count, so equal kernels
-    under different names share one record."""
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-
-
-def copy_record(record, database) -> None:
-    """Commit ``record`` (from another database) to ``database``, with its workload."""
-    database.commit_tuning_record(ms.database.TuningRecord(
-        record.trace, database.commit_workload(record.workload.mod), record.run_secs,
-        record.target, record.args_info))
-
-
-def open_database(directory: Path, create: bool = False):
-    """The JSON database in ``directory``; where there is none, an empty one in memory, or
-    with ``create`` a new one there. A committed database (``merge_databases``) is gzipped
-    JSON, read into memory."""
-    directory = Path(directory)
-    if (directory / (WORKLOADS + ".gz")).exists():
-        with tempfile.TemporaryDirectory(prefix="pock-tuned-") as plain:
-            for name in (WORKLOADS, RECORDS):
-                (Path(plain) / name).write_bytes(
-                    gzip.decompress((directory / (name + ".gz")).read_bytes()))
-            database = ms.database.MemoryDatabase()
-            for record in open_database(Path(plain)).get_all_tuning_records():
-                copy_record(record, database)
-            return database
-    if not (directory / WORKLOADS).exists():
-        if not create:
-            return ms.database.MemoryDatabase()
-        directory.mkdir(parents=True, exist_ok=True)
-    return ms.database.JSONDatabase(str(directory / WORKLOADS), str(directory / RECORDS),
-                                    allow_missing=True)
-
-
-def open_databases(directories: list[Path]):
-    """One database in memory with every record ``directories`` hold: where several hold a
-    kernel, MetaSchedule ranks its records by run time, so the fastest one is applied."""
-    merged = ms.database.MemoryDatabase()
-    for directory in directories:
-        for record in open_database(directory).get_all_tuning_records():
-            copy_record(record, merged)
-    return merged
-
-
-def best_record(databases: list, func: tirx.PrimFunc):
-    """The fastest record any of ``databases`` holds for ``func``, or None."""
-    best, best_secs = None, float("inf")
-    for database in databases:
-        mod = workload(func)
-        if not database.has_workload(mod):
-            continue
-        for record in database.get_top_k(database.commit_workload(mod), 1):
-            secs = mean_secs(record)
-            if secs < best_secs:
-                best, best_secs = record, secs
-    return best
-
-
-def mean_secs(record) -> float:
-    runs = [float(s) for s in (record.run_secs or [])]
-    return sum(runs) / len(runs) if runs else float("inf")
-
-
-def select_records(kernels: dict[str, tirx.PrimFunc], databases: list,
-                   directory: Path) -> dict[str, float]:
-    """Write to ``directory`` a database of the best record of each kernel in ``databases``,
-    in kernel-name order (the same inputs give the same bytes); returns kernel -> its record's
-    microseconds."""
-    out = open_database(directory, create=True)
-    found, committed = {}, set()
-    for name, func in kernels.items():
-        record = best_record(databases, func)
-        if record is None:
-            continue
-        found[name] = mean_secs(record) * 1e6
-        key = tvm_ffi.structural_hash(workload(func))
-        if key in committed:  # an equal kernel under another name: one record serves both
-            continue
-        committed.add(key)
-        copy_record(record, out)
-    return found
-
-
-def merge_databases(directories: list[Path], destination: Path, target) -> int:
-    """Write to ``destination`` (atomically) a database with the fastest record of every
-    kernel any of ``directories`` holds that computes what the default schedule computes, in
-    a fixed order, gzipped (the committed form: its workloads are 6 MB of JSON); returns how
-    many kernels."""
-    from pipelines.io import write_text_atomic
-
-    best = {}
-    for directory in directories:
-        for record in open_database(directory).get_all_tuning_records():
-            key = tvm_ffi.structural_hash(record.workload.mod)
-            if key in best and mean_secs(record) >= mean_secs(best[key]):
-                continue
-            alone = ms.database.MemoryDatabase()
-            copy_record(record, alone)
-            if computes_the_same(record.workload.mod["main"], target, alone):
-                best[key] = record
-    with tempfile.TemporaryDirectory(prefix="pock-tuned-") as tmp:
-        out = open_database(Path(tmp), create=True)
-        for key in sorted(best):
-            copy_record(best[key], out)
-        Path(destination).mkdir(parents=True, exist_ok=True)
-        for name in (WORKLOADS, RECORDS):
-            write_text_atomic(Path(destination) / (name + ".gz"),
-                              gzip.compress((Path(tmp) / name).read_bytes(), mtime=0))
-            (Path(destination) / name).unlink(missing_ok=True)  # an older, plain form
-    return len(best)
-
-
-def apply_database(mod: tvm.IRModule, target, database) -> tuple[tvm.IRModule, list[str]]:
-    """A copy of ``mod`` whose kernels with a record in ``database`` carry their tuned schedule
-    (marked scheduled, so the default schedules leave them); and the names of those kernels."""
-    out, tuned = mod.clone(), []
-    for name, func in tunable_kernels(mod).items():
-        schedule = database.query_schedule(workload(func), target=target, workload_name="main")
-        if schedule is None:
-            continue
-        scheduled = schedule.mod["main"].without_attr("global_symbol")  # the kernel's own name:
-        if func.attrs and "global_symbol" in func.attrs:
-            scheduled = scheduled.with_attr("global_symbol", func.attrs["global_symbol"])
-        out[out.get_global_var(name)] = scheduled.with_attr("tirx.is_scheduled", True)
-        tuned.append(name)
-    return out, tuned
-
-
-def schedule_cpu(mod: tvm.IRModule, target, database=None) -> tuple[tvm.IRModule, Counter]:
-    """``mod`` as a CPU build schedules it: kernels with a record in ``database`` take their
-    tuned schedule, the rest the default one; with how many kernels each way went."""
-    tuned = []
-    if database is not None and target.kind.name == "llvm":
-        mod, tuned = apply_database(mod, target, database)
-    mod, taken = with_cpu_schedules(mod, target)
-    return mod, taken + Counter(tuned=len(tuned))
 
 
 def kernel_us(func: tirx.PrimFunc, target, database=None) -> float:
@@ -235,6 +66,35 @@ def computes_the_same(func: tirx.PrimFunc, target, database) -> bool:
         tvm.compile(mod, target=target)["main"](*args)
         outputs.append([a.numpy() for a in args])
     return all(np.allclose(t, d, rtol=1e-4, atol=1e-5) for d, t in zip(*outputs))
+
+
+def merge_databases(directories: list[Path], destination: Path, target) -> int:
+    """Write to ``destination`` (atomically) a database with the fastest record of every
+    kernel any of ``directories`` holds that computes what the default schedule computes, in
+    a fixed order, gzipped (the committed form: its workloads are 6 MB of JSON); returns how
+    many kernels."""
+    from pipelines.io import write_text_atomic
+
+    best = {}
+    for directory in directories:
+        for record in open_database(directory).get_all_tuning_records():
+            key = tvm_ffi.structural_hash(record.workload.mod)
+            if key in best and mean_secs(record) >= mean_secs(best[key]):
+                continue
+            alone = ms.database.MemoryDatabase()
+            copy_record(record, alone)
+            if computes_the_same(record.workload.mod["main"], target, alone):
+                best[key] = record
+    with tempfile.TemporaryDirectory(prefix="pock-tuned-") as tmp:
+        out = open_database(Path(tmp), create=True)
+        for key in sorted(best):
+            copy_record(best[key], out)
+        Path(destination).mkdir(parents=True, exist_ok=True)
+        for name in (WORKLOADS, RECORDS):
+            write_text_atomic(Path(destination) / (name + ".gz"),
+                              gzip.compress((Path(tmp) / name).read_bytes(), mtime=0))
+            (Path(destination) / name).unlink(missing_ok=True)  # an older, plain form
+    return len(best)
 
 
 @derived_object
@@ -328,3 +188,4 @@ def tune(kernels: dict[str, tirx.PrimFunc], weights: dict[str, int], target, tri
         measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
                            Progress(label, trials, names)])
     return database
+

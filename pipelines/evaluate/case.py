@@ -20,7 +20,7 @@ from pipelines.evaluate.speed import Spec, measure
 from pipelines.frontends.twin import step_batch, torch_twin
 from pipelines.io import read_json, save_arrays
 from pipelines.phases import SIGNATURE
-from pipelines.runtime.step import CompiledStep, selection_of
+from pipelines.runtime.step import CompiledStep, selection_of, synthetic_batch
 
 COST_KEYS = ("ops", "flops", "backward_flops", "param_grad_bytes", "optimizer_state_bytes",
              "saved_activation_bytes")
@@ -55,22 +55,6 @@ def save_finetuned(tuned: Finetuned, model, directory: Path) -> None:
         from pipelines.frontends.transformers import save_pretrained
 
         save_pretrained(model, tuned.plain_weights, directory / "pretrained")
-
-
-def synthetic_batch(signature: dict, seed: int, batches: int = 1) -> tuple[np.ndarray, ...]:
-    """Seeded data of the step's inputs' shapes, ``batches`` batches along the first axis:
-    normal floats, zero integers (valid token ids and labels), an attention mask of ones (no
-    position masked). What a step is run on where its numbers, not its data, are checked (a
-    device against the host, a packaged image)."""
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for name in signature["data"]:  # the step's order
-        t = signature["data_types"][name]
-        shape = [t["shape"][0] * batches, *t["shape"][1:]]
-        fill = np.ones if name == "attention_mask" else np.zeros
-        arrays.append(rng.standard_normal(shape).astype(t["dtype"]) if "float" in t["dtype"]
-                      else fill(shape, t["dtype"]))
-    return tuple(arrays)
 
 
 def batch_for(signature: dict, model, data: dict | None, seed: int) -> tuple[np.ndarray, ...]:

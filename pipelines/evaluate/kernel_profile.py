@@ -21,7 +21,6 @@ import time
 from collections import defaultdict
 
 import numpy as np
-from tvm import relax
 
 from pipelines.phases import Build
 from pipelines.runtime.step import CompiledStep

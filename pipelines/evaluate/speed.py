@@ -7,9 +7,8 @@ memory above its process's baseline; the ratios are compiled vs each peer.
 The cases are timed in interleaved rounds (compiled, peers, compiled, peers, ...), not one after
 the other: a shared machine's load comes and goes over seconds, and timed back to back one case
 could get a quiet minute and the next a busy one. Interleaved, each case sees the same weather,
-so their ratio holds where their absolute times do not (CI measured one ratio at 15 and at 6.8
-on the same code when each case was timed once, for 15 steps, in turn). ``sgemm_peak`` measures
-what the machine's BLAS reaches, the yardstick for GFLOP/s.
+so their ratio holds where their absolute times do not (docs/tuning.md, "Timing"). ``sgemm_peak``
+measures what the machine's BLAS reaches, the yardstick for GFLOP/s.
 """
 from __future__ import annotations
 

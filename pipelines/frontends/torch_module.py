@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import types
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import model_validator
 
@@ -30,6 +30,9 @@ from pipelines.frontends.base import ModelBase
 from pipelines.frontends.python_file import load_file
 from pipelines.io import ROOT, write_json_atomic
 from pipelines.schema import ConfigError
+
+if TYPE_CHECKING:  # torch is imported where it is used: the schema loads without it
+    import torch
 
 PROGRAM = ".pt2"  # torch.export.save's files
 IMPORTED = "model.pt2"  # the import stage's program (torch and transformers)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import PositiveInt
 
@@ -30,6 +30,9 @@ from pipelines.frontends import torch_module
 from pipelines.frontends.base import ModelBase
 from pipelines.io import ROOT
 from pipelines.schema import ConfigError
+
+if TYPE_CHECKING:  # torch is imported where it is used: the schema loads without it
+    import torch
 
 
 class Config(ModelBase):

@@ -5,7 +5,7 @@ An image is a stack of layer tarballs:
    made by mmdebstrap with SOURCE_DATE_EPOCH fixed, so the same Debian packages give the same
    bytes;
 2. Python: the device's wheels of TVM and numpy at the versions installed here;
-3. for a package, the application (pipelines/evaluate/package.py).
+3. for a package, the application (pipelines/runtime/package.py).
 Every layer is a deterministic tar (sorted names, zero times and owners) and the image config
 has fixed times, so the image ID, the sha256 of the config, is a hash of the content: the same
 inputs give the same ID, and the tag is derived from it. A stage records the ID beside its DVC

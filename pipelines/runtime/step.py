@@ -119,14 +119,24 @@ def initial_state(signature: dict, initial: dict[str, np.ndarray]) -> dict[str, 
     return state
 
 
-def initial_from(model: torch.nn.Module, signature: dict) -> dict[str, np.ndarray]:
-    """The step's parameters and buffers (by their names in the step) from ``model``."""
-    state = model.state_dict()
-    return {r: state[t].numpy() for r, t in signature["source_names"].items()}
-
-
 def selection_of(signature: dict) -> dict[str, dict | None]:
     """The scheme's selection a step was built with, under the source's names (training/scheme.py:
     None for a whole parameter, {"axis", "index"} for some channels)."""
     names, channels = signature["source_names"], signature.get("channels", {})
     return {names[p]: channels.get(p) for p in signature["trainable"]}
+
+
+def synthetic_batch(signature: dict, seed: int, batches: int = 1) -> tuple[np.ndarray, ...]:
+    """Seeded data of the step's inputs' shapes, ``batches`` batches along the first axis:
+    normal floats, zero integers (valid token ids and labels), an attention mask of ones (no
+    position masked). What a step is run on where its numbers, not its data, are checked (a
+    device against the host, a packaged image)."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for name in signature["data"]:  # the step's order
+        t = signature["data_types"][name]
+        shape = [t["shape"][0] * batches, *t["shape"][1:]]
+        fill = np.ones if name == "attention_mask" else np.zeros
+        arrays.append(rng.standard_normal(shape).astype(t["dtype"]) if "float" in t["dtype"]
+                      else fill(shape, t["dtype"]))
+    return tuple(arrays)

@@ -144,8 +144,3 @@ def adapter_layers(layers: dict, new_names: dict, values: dict) -> dict:
                       "block": block_of.get(module.rsplit(".", 1)[0]),
                       "shape": list(values[relax_name].shape)})
     return {"blocks": layers["blocks"], "parameters": layers["parameters"] + added}
-
-
-def lora_of(names: list[str]) -> list[str]:
-    """The adapted module paths among source names."""
-    return [n.removesuffix(".lora_a.weight") for n in names if n.endswith(".lora_a.weight")]

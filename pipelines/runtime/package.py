@@ -30,13 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.schema import ConfigError
 from pipelines.io import save_arrays, write_json_atomic
 from pipelines.runtime.images import (OutOfMemory, add_tree, engine, ensure_image, packageable,
                                       run_limited, runs_here, runtime_layers)
-from pipelines.runtime.package_entrypoint import epoch_batches
 from pipelines.runtime.device_io import libraries_beside
-from pipelines.runtime.step import CompiledStep, initial_state
+from pipelines.runtime.package_entrypoint import epoch_batches
+from pipelines.runtime.step import CompiledStep, initial_state, synthetic_batch
+from pipelines.schema import ConfigError
 
 ENTRYPOINT = Path(__file__).parents[1] / "runtime" / "package_entrypoint.py"
 
@@ -127,8 +127,6 @@ def package(name: str, device: str, profile, build_dir: Path, initial: dict,
     """The image of case ``name`` for ``device`` (app.tar and image.json in ``out_dir``, the
     image loaded in the engine), tried on ``trial_steps`` batches of seeded data of the step's
     shapes; the metrics."""
-    from pipelines.evaluate.case import synthetic_batch
-
     signature = json.loads((build_dir / "signature.json").read_text())
     batch = signature["data_types"][signature["data"][0]]["shape"][0]
     about = {"case": name, "scheme": signature["scheme"], "device": device,
