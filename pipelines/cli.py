@@ -288,6 +288,15 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from pathlib import Path
+
+    from pipelines.io import repository
+
+    if repository(Path.cwd().resolve()) is None:
+        print(f"error: {Path.cwd()} is not in a pockengine checkout (a directory with dvc.yaml, "
+              "conf/ and pipelines/); pock acts on the checkout of the current directory",
+              file=sys.stderr)
+        return EXIT_INPUT
     try:
         return args.func(args)
     except ConfigError as err:

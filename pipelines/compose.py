@@ -26,6 +26,8 @@ def compose_text(overrides: list[str]) -> str:
         OmegaConf.resolve(cfg)
     except (HydraException, OmegaConfBaseException) as err:  # names the group and options
         raise ConfigError(f"{CONF}: {err}") from err
+    except yaml.YAMLError:  # Hydra's reader does not say which file
+        raise _unreadable() from None
     text = OmegaConf.to_yaml(cfg)
     params = validate(yaml.safe_load(text), PARAMS)
     for device in [HOST, *params.devices]:  # each resolves: a bad name or value is named here
@@ -33,6 +35,20 @@ def compose_text(overrides: list[str]) -> str:
         if device in params.package.devices:
             packageable(profile)
     return text
+
+
+def _unreadable() -> ConfigError:
+    """The conf/ files that are not YAML, each with where and why."""
+    problems = []
+    for path in sorted(CONF.rglob("*.yaml")):
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problems.append(f"{path.relative_to(CONF.parent)}{where}: not valid YAML "
+                            f"({getattr(err, 'problem', None) or err})")
+    return ConfigError("\n".join(problems) or f"{CONF}: a file is not valid YAML")
 
 
 def compose(overrides: list[str], output: Path = PARAMS) -> None:

@@ -36,6 +36,8 @@ PARAMS = ROOT / "params.yaml"
 CONF = ROOT / "conf"
 
 
+# A decay or momentum factor: from 0 (none) up to, not including, 1 (never forgets, diverges).
+Fraction = Annotated[float, Field(ge=0, lt=1)]
 Kind = Literal["conv", "conv_pointwise", "conv_depthwise", "linear", "norm", "embedding", "other"]
 
 
@@ -95,7 +97,7 @@ class SGD(Strict):
 
     kind: Literal["sgd"]
     lr: PositiveFloat
-    momentum: NonNegativeFloat = 0.0
+    momentum: Fraction = 0.0
     nesterov: bool = False
     weight_decay: NonNegativeFloat = 0.0
 
@@ -111,8 +113,7 @@ class Adam(Strict):
 
     kind: Literal["adam", "adamw"]
     lr: PositiveFloat
-    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (
-        0.9, 0.999)
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
     eps: PositiveFloat = 1e-8
     weight_decay: NonNegativeFloat = 0.0
 

@@ -15,7 +15,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+def repository(start: Path) -> Path | None:
+    """The pockengine checkout ``start`` is in (a directory with dvc.yaml, conf/ and
+    pipelines/, itself or an ancestor), or None."""
+    for directory in [start, *start.parents]:
+        if all((directory / name).exists() for name in ("dvc.yaml", "conf", "pipelines")):
+            return directory
+    return None
+
+
+# The checkout of the current directory, as git and dvc do: with one clone's venv active, pock
+# in another clone acts on that one. Outside any, the checkout this library is in.
+ROOT = repository(Path.cwd().resolve()) or Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
 
 

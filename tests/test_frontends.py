@@ -132,12 +132,12 @@ def batches(count=2):
              rng.integers(0, 10, BATCH).astype("int64")) for _ in range(count)]
 
 
-def jax_reference(apply, params, batches_, buffers=None, trainable=None
-                  ) -> tuple[list[float], dict[str, np.ndarray]]:
+def jax_steps(apply, params, batches_, buffers=None, trainable=None
+              ) -> list[tuple[float, dict[str, np.ndarray]]]:
     """The source framework's own gradients (jax.grad of the mean cross entropy of
     ``apply(params, x)``, or of ``apply(params, buffers, x)`` -> (logits, new buffers))
     driving torch.optim.SGD's update rule on the ``trainable`` parameter names (all if None):
-    the losses and the final weights and buffers, by name."""
+    after each batch, the loss and the weights and buffers, by name."""
     import jax
     import jax.numpy as jnp
 
@@ -148,13 +148,20 @@ def jax_reference(apply, params, batches_, buffers=None, trainable=None
         logp = jax.nn.log_softmax(logits)
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1)), new
 
+    def state(params, buffers) -> dict[str, np.ndarray]:
+        named = dict(zip(parameter_names(params),
+                         (np.asarray(v) for v in jax.tree_util.tree_leaves(params))))
+        if buffers:
+            named.update(zip(parameter_names(buffers),
+                             (np.asarray(v) for v in jax.tree_util.tree_leaves(buffers))))
+        return named
+
     if buffers is None:
         plain = apply
         apply = lambda params, x: (plain(params, x), None)
-    momenta, losses = None, []
+    momenta, steps = None, []
     for x, y in batches_:
         (value, new), grads = jax.value_and_grad(loss, has_aux=True)(params, buffers, x, y)
-        losses.append(float(value))
         buffers = new
         grads = jax.tree_util.tree_map(lambda g, w: np.asarray(g) + OPT.weight_decay * w,
                                        grads, params)
@@ -168,12 +175,15 @@ def jax_reference(apply, params, batches_, buffers=None, trainable=None
             leaves = [new if name in trainable else old for name, new, old in zip(
                 names, jax.tree_util.tree_leaves(stepped), jax.tree_util.tree_leaves(params))]
             params = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), leaves)
-    state = {**dict(zip(parameter_names(params),
-                        (np.asarray(v) for v in jax.tree_util.tree_leaves(params))))}
-    if buffers:
-        state.update(zip(parameter_names(buffers),
-                         (np.asarray(v) for v in jax.tree_util.tree_leaves(buffers))))
-    return losses, state
+        steps.append((float(value), state(params, buffers)))
+    return steps
+
+
+def jax_reference(apply, params, batches_, buffers=None, trainable=None
+                  ) -> tuple[list[float], dict[str, np.ndarray]]:
+    """``jax_steps``' losses, and the weights and buffers after the last batch."""
+    steps = jax_steps(apply, params, batches_, buffers, trainable)
+    return [loss for loss, _ in steps], steps[-1][1]
 
 
 def torch_reference(batches_) -> tuple[list[float], dict[str, np.ndarray]]:
@@ -243,13 +253,34 @@ def test_keras_small_cnn_steps_like_the_other_frontends(tmp_path, host_profile):
         select([{"name": "half", "modules": ["conv1"], "channels": 0.5}], layers)
 
 
+@pytest.fixture(scope="module")
+def keras_mobilenetv2(tmp_path_factory):
+    """keras.applications.MobileNetV2, random init at 32x32 and width 0.35, saved as a .keras
+    file: its model section, its lowered form (one import for every scheme), and the function
+    the keras frontend reads from the file (apply, params, buffers)."""
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip(KERAS)
+    from pipelines.compile import import_and_lower
+    from pipelines.frontends.keras import load_keras, load_keras_file
+
+    keras = load_keras()
+    keras.utils.set_random_seed(0)
+    net = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
+                                         classes=10)
+    path = tmp_path_factory.mktemp("keras_mobilenetv2") / "model.keras"
+    net.save(path)
+    apply, params, _, buffers, _ = load_keras_file(path, BATCH)
+    model = model_section(frontend="keras", source=str(path), batch_size=BATCH)
+    return model, import_and_lower(model), apply, params, buffers
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["full", "sparse"])
-def test_keras_mobilenetv2_steps_like_keras(tmp_path, host_profile, scheme):
+def test_keras_mobilenetv2_steps_like_keras(tmp_path, host_profile, keras_mobilenetv2, scheme):
     """keras.applications.MobileNetV2 (ZeroPadding2D, depthwise convolutions, batch norm in
-    training mode, ReLU6), random init at 32x32 and width 0.35, against Keras's own gradients
-    (jax.grad through its JAX backend) driving the same SGD update; full BP, and a sparse scheme
-    in Keras's layer names (the head, the last two blocks' expand kernels).
+    training mode, ReLU6) against Keras's own gradients (jax.grad through its JAX backend)
+    driving the same SGD update; full BP, and a sparse scheme in Keras's layer names (the head,
+    the last two blocks' expand kernels).
 
     The first step: the loss rel 1e-5 and each tensor's change within 2% of Keras's (its norm;
     the tolerance of the PyTorch MobileNetV2 tests, tests/test_train_step.py: a ReLU6 input
@@ -257,18 +288,13 @@ def test_keras_mobilenetv2_steps_like_keras(tmp_path, host_profile, scheme):
     images at 1x1 amplifies it), frozen parameters bit-identical after three steps. A wrong
     gradient is off by ~100%. Steps 2-3 drift apart by ~1% in the loss for that reason, so
     they are held to 3%."""
-    if importlib.util.find_spec("keras") is None:
-        pytest.skip(KERAS)
-    from pipelines.frontends.keras import load_keras
-
-    keras = load_keras()
-    keras.utils.set_random_seed(0)
-    net = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
-                                         classes=10)
+    model, lowered, apply, params, buffers = keras_mobilenetv2
     rules = FULL if scheme == "full" else [
         {"modules": ["predictions"]},
         {"modules": ["block_15_expand", "block_16_expand"], "update": "weight"}]
-    step, compiled, apply, params, buffers = compile_keras(host_profile, tmp_path, net, rules)
+    compiled = compile(model, rules, OPT, host_profile, tmp_path, scheme_name="test",
+                       lowered=lowered)
+    step = CompiledStep(compiled.directory, compiled.initial)
     names = compiled.signature["source_names"]
     trainable = {names[p] for p in compiled.signature["trainable"]}
     if scheme == "sparse":
@@ -279,7 +305,8 @@ def test_keras_mobilenetv2_steps_like_keras(tmp_path, host_profile, scheme):
              rng.integers(0, 10, BATCH).astype("int64")) for _ in range(3)]
     initial = {k: v.numpy() for k, v in step.state_dict().items()}
     (loss,), after = run_compiled(step, nhwc[:1])
-    (want_loss,), want = jax_reference(apply, params, nhwc[:1], buffers, trainable)
+    keras_steps = jax_steps(apply, params, nhwc, buffers, trainable)
+    want_loss, want = keras_steps[0]
     assert loss == pytest.approx(want_loss, rel=1e-5)
     assert set(after) == set(want)
     for name, value in want.items():
@@ -287,8 +314,7 @@ def test_keras_mobilenetv2_steps_like_keras(tmp_path, host_profile, scheme):
         error = np.linalg.norm(after[name] - initial[name] - change)
         assert error <= 1e-6 * np.sqrt(change.size) + 0.02 * np.linalg.norm(change), name
     later = [step.step(x, y) for x, y in nhwc[1:]]
-    assert later == pytest.approx(jax_reference(apply, params, nhwc, buffers, trainable)[0][1:],
-                                  rel=3e-2)
+    assert later == pytest.approx([loss for loss, _ in keras_steps[1:]], rel=3e-2)
     for name, value in step.state_dict().items():
         if name not in trainable and name not in buffers_names(buffers):
             np.testing.assert_array_equal(value.numpy(), initial[name], err_msg=f"{name} frozen")

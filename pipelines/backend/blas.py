@@ -47,13 +47,24 @@ def _operand_shapes(func: tirx.PrimFunc) -> list[list[int]]:
 
 
 @functools.cache
+def _scratch() -> Path:
+    """This process's scratch directory for the shim, removed when the process exits."""
+    scratch = tempfile.TemporaryDirectory(prefix="pock-openblas-")
+    _SCRATCH.append(scratch)  # held, so that it lives as long as the process
+    return Path(scratch.name)
+
+
+_SCRATCH: list = []
+
+
+@functools.cache
 def shim_object() -> Path:
     """The compiled ``openblas_sgemm.cc`` (once per process)."""
     import scipy_openblas32
     import tvm_ffi
 
     tvm_include = Path(tvm.__file__).parent / "include"  # c_backend_api.h: the thread pool
-    out = Path(tempfile.mkdtemp(prefix="pock-openblas-")) / "openblas_sgemm.o"
+    out = _scratch() / "openblas_sgemm.o"
     # The headers' check macros embed __FILE__: map the checkout and site-packages away so a
     # step library is the same bytes whichever directory it was built in.
     site_packages = Path(tvm_ffi.__file__).parents[1]
@@ -85,7 +96,8 @@ def link_openblas(directory: Path) -> dict:
 @functools.cache
 def _openblas_module():
     """The shim as a library of its own, for measuring."""
-    directory = Path(tempfile.mkdtemp(prefix="pock-openblas-"))
+    directory = _scratch() / "measure"
+    directory.mkdir()
     options = link_openblas(directory)
     library = directory / "shim.so"
     subprocess.run(["g++", "-shared", "-o", str(library), *options["addons"],

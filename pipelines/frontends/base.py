@@ -2,9 +2,9 @@
 ``Config`` adds its own keys and its ``frontend`` tag (pipelines/frontends/__init__.py)."""
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from pipelines.data import Data
 from pipelines.schema import Strict
@@ -17,7 +17,7 @@ class Pretrain(Strict):
     epochs: PositiveInt
     batch_size: PositiveInt
     lr: PositiveFloat
-    momentum: NonNegativeFloat = 0.0
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
     weight_decay: NonNegativeFloat = 0.0
     keep_initial: list[str] = []  # module patterns left at their initial values (a new head)
     kind: Literal["sgd"] = "sgd"  # read as an optimizer (models/pytorch.py)

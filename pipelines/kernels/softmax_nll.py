@@ -5,7 +5,8 @@ nll_loss_backward, then log_softmax's rule: ``g - exp(log_softmax) * sum(g)``. L
 fused, that is five passes over the logits, each a kernel of its own; on llama_tiny's logits
 (512 x 2048) they took 1.2 ms of the transformer_paper step. The gradient has a closed form,
 
-    dlogits[i, :] = (softmax(logits[i, :]) - onehot(y[i])) * g / count   (0 where y[i] is ignored)
+    dlogits[i, :] = (softmax(logits[i, :]) - onehot(y[i])) * g / count   (0 where y[i] is ignored
+                                                                          or out of range)
 
 with ``count`` the rows that are not ignored (``mean``) or 1 (``sum``), so one kernel reads each
 row of logits once into cache and writes its gradient:
@@ -28,8 +29,12 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
     y = te.placeholder((rows,), "int64", "labels")
     g = te.placeholder((), "float32", "loss_adjoint")
     zero, one = tirx.const(0.0, "float32"), tirx.const(1.0, "float32")
-    kept = lambda i: y[i] != ignore_index  # noqa: E731
-    label = lambda i: y[i].astype("int32")  # noqa: E731
+    # A label out of range scores nothing, as an ignored one does, and is never used as an
+    # index: the runners refuse such batches (runtime/checks.py); the kernel does not read
+    # out of bounds if one gets here.
+    kept = lambda i: tirx.all(y[i] != ignore_index, y[i] >= 0, y[i] < classes)  # noqa: E731
+    label = lambda i: tirx.Select(kept(i), y[i], tirx.const(0, "int64")).astype(  # noqa: E731
+        "int32")
     # Each row's max and sum of exponentials in two steps: LANES partial results, lane l over
     # classes l, l + LANES, ... (past the last class: -inf, whose exponential adds 0), then
     # those combined. A CPU computes the partial results in vector lanes.

@@ -38,7 +38,8 @@ from pipelines.runtime.package_entrypoint import epoch_batches
 from pipelines.runtime.step import CompiledStep, initial_state, synthetic_batch
 from pipelines.schema import ConfigError
 
-ENTRYPOINT = Path(__file__).parents[1] / "runtime" / "package_entrypoint.py"
+ENTRYPOINT = Path(__file__).with_name("package_entrypoint.py")
+CHECKS = Path(__file__).with_name("checks.py")  # the entrypoint's checks, beside it
 
 
 def step_inputs(signature: dict, where: str) -> dict:
@@ -57,7 +58,8 @@ def app_layer(build_dir: Path, initial: dict, about: dict, path: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         app = Path(tmp)
         files = [(build_dir / "step.so", "step.so"),
-                 (build_dir / "signature.json", "signature.json"), (ENTRYPOINT, "finetune.py")]
+                 (build_dir / "signature.json", "signature.json"), (ENTRYPOINT, "finetune.py"),
+                 (CHECKS, "checks.py")]
         # what the step loads beside it (OpenBLAS, where its products run on it)
         files += [(lib, lib.name) for lib in libraries_beside(build_dir / "step.so")]
         for source, name in files:

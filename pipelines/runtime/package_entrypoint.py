@@ -13,6 +13,10 @@ then writes into OUT, each file complete or not at all:
 - log.json: the loss of every step, the seconds the steps took and the process's peak
   resident memory.
 Needs only numpy and TVM's runtime (the image has no PyTorch).
+
+Exit codes: 0 done; 2 bad input (no train.npz, wrong shapes, labels out of range, non-finite
+values: the message names the file and what is allowed); 3 a step's loss or new state was not
+finite (the message names the step and the tensor). Nothing is written unless it succeeds.
 """
 import argparse
 import json
@@ -30,6 +34,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as pipelines/backend/cpu_s
 import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
+try:  # in the image, checks.py is beside this file
+    from checks import StepError, check_batch, check_finite
+except ImportError:  # imported from the library (runtime/package.py reads epoch_batches)
+    from pipelines.runtime.checks import StepError, check_batch, check_finite
+
 APP = Path(__file__).resolve().parent
 
 
@@ -38,7 +47,8 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def load_data(path: Path, batch: int, shapes: dict) -> tuple[np.ndarray, np.ndarray]:
+def load_data(path: Path, batch: int, shapes: dict, signature: dict
+              ) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
         fail(f"{path}: not found; mount a directory holding train.npz with arrays x and y")
     with np.load(path) as data:
@@ -50,6 +60,11 @@ def load_data(path: Path, batch: int, shapes: dict) -> tuple[np.ndarray, np.ndar
              f"{', '.join(map(str, shapes['x']['shape'][1:]))}] and y [N]")
     if len(x) < batch:
         fail(f"{path}: {len(x)} examples, fewer than one batch of {batch}")
+    x_name, labels = signature["data"][0], signature["data"][-1]
+    try:
+        check_batch(signature, {x_name: x, labels: y}, str(path))
+    except StepError as err:
+        fail(str(err))
     return x, y
 
 
@@ -79,7 +94,7 @@ def main() -> None:
     package = json.loads((APP / "package.json").read_text())
     signature = json.loads((APP / "signature.json").read_text())
     batch = package["batch_size"]
-    x, y = load_data(args.data / "train.npz", batch, package["inputs"])
+    x, y = load_data(args.data / "train.npz", batch, package["inputs"], signature)
     if not args.out.is_dir():
         fail(f"{args.out}: not a directory; mount one to receive the weights")
 
@@ -95,10 +110,18 @@ def main() -> None:
     rng, losses, began = np.random.default_rng(args.seed), [], time.perf_counter()
     for epoch in range(args.epochs):
         for index in epoch_batches(len(x), batch, rng):
-            outputs = vm["train_step"](tvm.runtime.tensor(np.ascontiguousarray(x[index]), device),
-                                       tvm.runtime.tensor(np.ascontiguousarray(y[index]), device),
-                                       *[state[n] for n in names])
-            for name, value in zip(updates, list(outputs)[1:]):
+            outputs = list(vm["train_step"](
+                tvm.runtime.tensor(np.ascontiguousarray(x[index]), device),
+                tvm.runtime.tensor(np.ascontiguousarray(y[index]), device),
+                *[state[n] for n in names]))
+            try:
+                check_finite({"loss": outputs[0].numpy(),
+                              **{n: np.from_dlpack(v) for n, v in zip(updates, outputs[1:])}},
+                             f"step {len(losses) + 1}")
+            except StepError as err:
+                print(f"error: {err}", file=sys.stderr)
+                sys.exit(3)
+            for name, value in zip(updates, outputs[1:]):
                 state[name] = value
             losses.append(float(outputs[0].numpy()))
         print(f"epoch {epoch + 1}/{args.epochs}: mean loss "

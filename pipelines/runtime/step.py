@@ -14,6 +14,7 @@ import tvm
 from tvm import relax
 
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts, before they start)
+from pipelines.runtime.checks import check_batch, check_finite
 
 LIBRARY, SIGNATURE = "step.so", "signature.json"
 
@@ -35,6 +36,7 @@ class CompiledStep:
                       for name, value in initial_state(self.signature, initial).items()}
         # Output i (after the loss) is the new value of state entry updates[i].
         self.updates = [name.removeprefix("new_") for name in self.signature["outputs"][1:]]
+        self.steps = 0  # taken by ``step``
 
     def arguments(self, *data: np.ndarray) -> list:
         if len(data) != len(self.data):
@@ -43,10 +45,20 @@ class CompiledStep:
                 + [self.state[n] for n in self.state_names])
 
     def step(self, *data: np.ndarray) -> float:
-        """One training step on a batch (the model's inputs, then the labels); the loss."""
-        outputs = self.function(*self.arguments(*data))
-        for name, value in zip(self.updates, list(outputs)[1:]):
+        """One training step on a batch (the model's inputs, then the labels); the loss. A
+        batch the step cannot take (labels out of range, non-finite inputs), or a loss or new
+        state that is not finite, is a StepError naming the step and the array; the state
+        stays as it was before the step (runtime/checks.py)."""
+        where = f"step {self.steps + 1}"
+        check_batch(self.signature, dict(zip(self.data, data)), where)
+        outputs = list(self.function(*self.arguments(*data)))
+        names = self.signature["source_names"]
+        check_finite({"loss": outputs[0].numpy(),
+                      **{names.get(name, name): np.from_dlpack(value)
+                         for name, value in zip(self.updates, outputs[1:])}}, where)
+        for name, value in zip(self.updates, outputs[1:]):
             self.state[name] = value
+        self.steps += 1
         return float(outputs[0].numpy())
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -20,8 +20,9 @@ import tvm
 from tvm import relax
 from tvm.relax.training import AppendLoss
 
-from pipelines.schema import ConfigError
 from pipelines.ir import PADDING_ROWS, dtype_of, shape_of, tensor_type
+from pipelines.schema import ConfigError
+from pipelines.tasks import IGNORE_INDEX
 from pipelines.training import rules
 from pipelines.training.loss import loss_function
 from pipelines.training.optimizers import UPDATE_PREFIX
@@ -131,6 +132,9 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
         "outputs": ["loss"] + [f"new_{n}" for n in names[len(data):]],
         "optimizer_state": state_info,
         "optimizer": {"torch_class": optimizer.torch_class, "kwargs": optimizer.torch_kwargs()},
+        # what a label may be (runtime/checks.py): a class of the logits' last axis, or ignored
+        "labels": {"classes": shape_of(main.body.body.fields[0].ty)[-1]
+                   if task != "regression" else None, "ignore_index": IGNORE_INDEX},
     }
     return step, signature
 

@@ -17,6 +17,9 @@ with
                here reaches the device, images.OutOfMemory where the step does not fit
     check(profile)   what the runner needs of the rest of the profile (a ValueError saying
                what is allowed)
+    requirements(profile) -> {tool: Debian package}   what `pock setup` installs for it
+    prepare(profile) -> str | None   what `pock setup` makes for it once they are installed
+               (an emulation root, a running Docker engine), said in a line
 """
 from __future__ import annotations
 

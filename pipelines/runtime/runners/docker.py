@@ -34,6 +34,17 @@ def check(profile) -> None:
                          "CPU: emulated, rpc or none)")
 
 
+def requirements(profile) -> dict[str, str]:
+    return {"dockerd": "docker.io", "mmdebstrap": "mmdebstrap"}
+
+
+def prepare(profile) -> str | None:
+    """A Docker engine, started where none answers."""
+    from pipelines.runtime.images import start_engine
+
+    return f"docker: {start_engine()}"
+
+
 def run(library: Path, args: list, profile, warmup: int, steps: int):
     """Raises images.OutOfMemory when the step does not fit."""
     from pipelines.runtime.emulation import ARCHITECTURES, device_architecture

@@ -29,6 +29,20 @@ class Config(Strict):
     timeout_s: PositiveFloat = 900
 
 
+def requirements(profile) -> dict[str, str]:
+    return {profile.emulation.qemu: "qemu-user-static", "mmdebstrap": "mmdebstrap"}
+
+
+def prepare(profile) -> str | None:
+    """The emulation root, made where it is missing."""
+    from pipelines.runtime.emulation import setup_root
+
+    root = emulation_root(profile)
+    if root_is_ready(root):
+        return None
+    return f"emulation root for {profile.name}: {setup_root(profile, root)}"
+
+
 def check_emulation(profile) -> tuple[str, Path]:
     """qemu and the aarch64 root the profile names, or an error saying how to get them."""
     source = f"device_profiles/{profile.name}.yaml"

@@ -1,0 +1,45 @@
+"""What a training step may take and give, checked before it runs and before its results are
+kept: its inputs finite, its labels ones the loss can score, its loss and new state finite.
+Numpy only: the packaged image runs this file beside its entrypoint (package_entrypoint.py),
+where there is no pipelines package.
+
+A step's signature says what its labels may be (training/graph.py): ``labels.classes`` (the
+logits' last axis) and ``labels.ignore_index`` (a label that scores nothing).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class StepError(ValueError):
+    """A batch the step cannot take, or a step whose result is not finite: the message names
+    the step, the array and what is allowed."""
+
+
+def check_batch(signature: dict, arrays: dict[str, np.ndarray], where: str) -> None:
+    """``arrays`` (the step's data inputs by name) hold finite floats and scorable labels."""
+    for name, array in arrays.items():
+        array = np.asarray(array)
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            count = int(np.size(array) - np.isfinite(array).sum())
+            raise StepError(f"{where}: input {name!r} holds {count} non-finite values (NaN or "
+                            "inf); allowed: finite numbers")
+    labels = signature.get("labels") or {}
+    if labels.get("classes") and "labels" in arrays:
+        y, ignore = np.asarray(arrays["labels"]), labels["ignore_index"]
+        bad = (y != ignore) & ((y < 0) | (y >= labels["classes"]))
+        if bad.any():
+            shown = sorted({int(v) for v in y[bad].ravel()[:1000]})[:5]
+            raise StepError(f"{where}: labels {shown} are out of range; allowed: 0 to "
+                            f"{labels['classes'] - 1} (the model's {labels['classes']} "
+                            f"classes), or {ignore} (scores nothing)")
+
+
+def check_finite(results: dict[str, np.ndarray], where: str) -> None:
+    """The step's loss and new state (by name) are finite: a step that is not keeps nothing."""
+    for name, value in results.items():
+        if not np.isfinite(value).all():
+            what = "its loss" if name == "loss" else f"its new {name}"
+            raise StepError(f"{where}: {what} is not finite (NaN or inf); the state before the "
+                            "step is kept. A smaller learning rate, or data without extreme "
+                            "values, usually avoids it")
