@@ -199,6 +199,22 @@ def cmd_emulation_setup(args) -> int:
     return EXIT_OK
 
 
+def cmd_device_show(args) -> int:
+    """The device's resolved profile, each key with where its value came from."""
+    import yaml
+
+    from pipelines.profiles import load_profile, profile_origins
+
+    overrides = _params().profiles
+    profile = load_profile(args.device, overrides).model_dump()
+    origins = profile_origins(args.device, overrides)
+    for key, value in profile.items():
+        if key != "name":
+            print(f"# {origins.get(key, 'the default')}")
+        print(yaml.safe_dump({key: value}, sort_keys=False).rstrip())
+    return EXIT_OK
+
+
 def cmd_report(args) -> int:
     """Bring every stage up to date and write artifacts/report.md (and its plots)."""
     code = _repro(["report"])
@@ -275,6 +291,12 @@ def parser() -> argparse.ArgumentParser:
                       "(mmdebstrap) plus its TVM and numpy wheels")
     q.add_argument("device", help="a device profile with an emulation section, e.g. rpi4")
     q.set_defaults(func=cmd_emulation_setup)
+    p = sub.add_parser("device", help="device profiles")
+    q = p.add_subparsers(dest="action", required=True).add_parser(
+        "show", help="the resolved profile (extends followed, params.yaml's profiles.<name> "
+                     "merged), each key with where it came from")
+    q.add_argument("device", help="a profile name (device_profiles/, or derived in params.yaml)")
+    q.set_defaults(func=cmd_device_show)
     p = sub.add_parser("report", help="run what is stale and write artifacts/report.md")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("regress", help="gate: metrics against a committed baseline (dvc metrics "

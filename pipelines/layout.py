@@ -20,9 +20,6 @@ from pathlib import Path
 
 from pipelines.io import ARTIFACTS
 
-RESOLVED = ARTIFACTS / "resolved"
-
-
 def model_dir(model: str, phase: str) -> Path:
     return ARTIFACTS / "models" / model / phase
 
@@ -35,20 +32,24 @@ def device_dir(case: str, device: str, phase: str) -> Path:
     return ARTIFACTS / "cases" / case / device / phase
 
 
+def resolved_dir() -> Path:
+    return ARTIFACTS / "resolved"
+
+
 def resolved_profile_path(device: str) -> Path:
-    return RESOLVED / "profiles" / f"{device}.json"
+    return resolved_dir() / "profiles" / f"{device}.json"
 
 
 def resolved_pretuned(device: str) -> Path:
-    return RESOLVED / "pretuned" / device
+    return resolved_dir() / "pretuned" / device
 
 
 def resolved_model(model: str) -> Path:
-    return RESOLVED / "models" / f"{model}.json"
+    return resolved_dir() / "models" / f"{model}.json"
 
 
 def resolved_case(case: str, stage: str) -> Path:
-    return RESOLVED / "cases" / case / f"{stage}.json"
+    return resolved_dir() / "cases" / case / f"{stage}.json"
 
 
 def metrics_path(stage: str, name: str) -> Path:

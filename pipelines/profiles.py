@@ -62,6 +62,14 @@ class ProfileBase(Strict):
         return value
 
     @model_validator(mode="after")
+    def _known_to_llvm(self):
+        for key in ("target", "host"):
+            cpu = getattr(self, key)
+            if cpu and cpu["kind"] == "llvm":
+                _check_llvm_cpu(cpu, key)
+        return self
+
+    @model_validator(mode="after")
     def _runner_needs(self):
         runner = RUNNERS[self.runner]
         section = runner.SECTION
@@ -103,6 +111,31 @@ class ProfileBase(Strict):
         return f"{PROFILES.name}/{self.name}.yaml"
 
 
+def _check_llvm_cpu(target: dict, key: str) -> None:
+    """``mcpu`` and ``mattr`` of an llvm target are what LLVM knows for its ``mtriple``: a
+    misspelt CPU would build generic code under the CPU's name."""
+    import difflib
+
+    import tvm
+    from tvm.target import codegen
+
+    triple = target.get("mtriple") or codegen.llvm_get_system_triple()
+    base = tvm.target.Target({"kind": "llvm", "mtriple": triple})
+    cpus = sorted(codegen.llvm_get_cpu_archlist(base))
+    cpu = target.get("mcpu")
+    if cpu and not codegen.llvm_is_valid_cpu(cpu, triple):
+        near = difflib.get_close_matches(cpu, cpus, n=5) or cpus[:10]
+        raise ValueError(f"{key}.mcpu={cpu!r} is not a CPU LLVM knows for {triple}; allowed, "
+                         f"e.g.: {near}")
+    features = {f for c in cpus for f in codegen.llvm_get_cpu_features(
+        tvm.target.Target({"kind": "llvm", "mtriple": triple, "mcpu": c}))}
+    for attr in target.get("mattr") or []:
+        if attr[:1] not in "+-" or attr[1:] not in features:
+            near = [f"+{f}" for f in difflib.get_close_matches(attr.lstrip("+-"), features)]
+            raise ValueError(f"{key}.mattr has {attr!r}, not a feature LLVM knows for "
+                             f"{triple}; allowed: +<feature> or -<feature>, e.g. {near}")
+
+
 # Each runner's settings under its section's key (None where the profile has none).
 Profile = create_model("Profile", __base__=ProfileBase, **{
     runner.SECTION: (runner.Config | None, None)
@@ -125,9 +158,9 @@ def _merge(base: dict, over: dict) -> dict:
     return merged
 
 
-def _profile_layers(name: str, overrides: dict, chain: tuple) -> tuple[dict, str]:
-    """The profile ``name`` with ``extends`` followed, before validation; and where it came
-    from (for errors)."""
+def _profile_layers(name: str, overrides: dict, chain: tuple) -> tuple[dict, str, dict]:
+    """The profile ``name`` with ``extends`` followed, before validation; where it came from
+    (for errors); and where each top-level key's value came from (``origins``)."""
     if name in chain:
         raise ConfigError(f"{PROFILES}: profiles extend each other in a cycle: "
                           f"{' -> '.join(chain + (name,))}")
@@ -138,26 +171,53 @@ def _profile_layers(name: str, overrides: dict, chain: tuple) -> tuple[dict, str
         raise ConfigError(f"devices: {name!r} has no profile; allowed: "
                           f"{available_profiles(overrides)} (files in {PROFILES}/, or a board "
                           f"derived with +profiles.{name}.extends=<profile>)")
-    profile = {}
+    own = {}
     if path.exists():
         try:
-            profile = yaml.safe_load(path.read_text()) or {}
+            own = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    profile = _merge(profile, override)
+    origins = {key: f"{PROFILES.name}/{name}.yaml" for key in own}
+    origins |= {key: f"params.yaml profiles.{name}" for key in override}
+    own = _merge(own, override)
     source = f"{path}" + (f" with profiles.{name} from params.yaml" if override else "")
-    if "extends" in profile:
-        base, _ = _profile_layers(profile.pop("extends"), overrides, chain + (name,))
-        profile = _merge(base, profile)
-    profile["name"] = name
-    return profile, source
+    parent = own.pop("extends", None)
+    origins.pop("extends", None)
+    if parent is None:
+        return {**own, "name": name}, source, origins
+    base, _, inherited = _profile_layers(parent, overrides, chain + (name,))
+    profile = _merge(base, own)
+    origins = {key: f"{where} (inherited from {parent})" for key, where in inherited.items()
+               if key != "name"} | {
+        key: where + (f", merged over {parent}'s" if isinstance(base.get(key), dict) else "")
+        for key, where in origins.items()}
+    for key, value, why in _derived(name, parent, base, own):
+        profile[key], origins[key] = value, why
+    return {**profile, "name": name}, source, origins
+
+
+def _derived(name: str, parent: str, base: dict, own: dict):
+    """What a board derived from ``parent`` does not inherit unless it says so: the
+    description and RPC key are its own, and its memory budget keeps the parent's share of
+    the board's own memory. (key, value, why) for each."""
+    if "description" not in own:
+        yield ("description", f"{name}, derived from {parent}: {base.get('description', '')}",
+               f"derived: {parent}'s, named {name}")
+    remote = own.get("remote") or {}
+    if base.get("remote") and "key" not in remote:
+        yield ("remote", {**base["remote"], **remote, "key": name},
+               f"derived: {parent}'s remote, key {name!r}")
+    if "memory_mb" in own and "memory_budget_mb" not in own and base.get("memory_budget_mb"):
+        share = base["memory_budget_mb"] / base["memory_mb"]
+        yield ("memory_budget_mb", own["memory_mb"] * share,
+               f"derived: {parent}'s share of memory ({share:g}) of memory_mb")
 
 
 def load_profile(name: str, overrides: dict | None = None) -> Profile:
     """The device profile ``name``: device_profiles/<name>.yaml, following ``extends`` (a board
     derived from another), with ``overrides`` (params.yaml's ``profiles``: Hydra overrides)
     merged on top; checked, so a bad key or value is named with its allowed values."""
-    profile, source = _profile_layers(name, overrides or {}, ())
+    profile, source, _ = _profile_layers(name, overrides or {}, ())
     try:
         return Profile.model_validate(profile)
     except ValidationError as error:
@@ -167,6 +227,12 @@ def load_profile(name: str, overrides: dict | None = None) -> Profile:
                                 and item["type"] != "missing" else "") + ": "
                              if item["loc"] else "")
             + item["msg"].removeprefix("Value error, ") for item in error.errors())) from None
+
+
+def profile_origins(name: str, overrides: dict | None = None) -> dict[str, str]:
+    """Where each top-level key of the profile ``name`` came from: its file, params.yaml's
+    overrides, the profile it extends, or derived from those (`pock device show`)."""
+    return _profile_layers(name, overrides or {}, ())[2]
 
 
 def resolved_profile(name: str) -> Profile:

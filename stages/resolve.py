@@ -9,16 +9,16 @@ a new board, reruns exactly the stages whose inputs it changes.
 """
 from pipelines.config import load_params
 from pipelines.io import atomic_dir, write_text_atomic
-from pipelines.layout import RESOLVED
+from pipelines.layout import resolved_dir
 from pipelines.resolve import resolve
 from pipelines.stage import run_stage
 
 
 def main() -> None:
-    files = resolve(load_params())
-    with atomic_dir(RESOLVED) as tmp:  # all or nothing
+    files, root = resolve(load_params()), resolved_dir()
+    with atomic_dir(root) as tmp:  # all or nothing
         for path, text in files.items():
-            write_text_atomic(tmp / path.relative_to(RESOLVED), text)
+            write_text_atomic(tmp / path.relative_to(root), text)
     print(f"resolve: {len(files)} files")
 
 

@@ -25,8 +25,8 @@ SEARCH = Search(budget_mb=100.0, base=[{"name": "classifier", "modules": ["class
 
 @pytest.fixture(scope="module")
 def mbv2_full(params, tmp_path_factory):
-    """The mbv2 model's full training step (every parameter updated), its layers and its
-    seeded weights, as the autodiff stage has them."""
+    """The mbv2 model's full training step (every parameter updated: a phases.TrainingStep)
+    and its seeded weights, as the autodiff stage has them."""
     from pipelines.compile import import_and_lower, training_graph
     from pipelines.frontends import load_module
     from pipelines.models.pytorch import seed_everything
@@ -35,7 +35,7 @@ def mbv2_full(params, tmp_path_factory):
     full = training_graph(import_and_lower(model), OPT)
     seed_everything(0)
     module, _ = load_module(model)
-    return full.module, full.layers, module.state_dict()
+    return full, module.state_dict()
 
 
 @pytest.fixture
@@ -49,23 +49,24 @@ def artifacts(monkeypatch, tmp_path, params):
     return tmp_path
 
 
-def autodiff_outputs(case: str, full, layers) -> None:
-    """What autodiff@<case> leaves for prune@<case>."""
-    from pipelines.io import write_json_atomic
-    from pipelines.ir import save_ir
+def autodiff_outputs(case: str, full) -> None:
+    """What autodiff@<case> leaves for prune@<case> (``full``: a phases.TrainingStep)."""
     from pipelines.layout import case_dir
 
     directory = case_dir(case, "autodiff")
     directory.mkdir(parents=True)
-    save_ir(full, directory, "train_step")
-    write_json_atomic(directory / "layers.json", layers)
+    full.save(directory)
 
 
 def run_prune(monkeypatch, params):
-    """`dvc repro prune@<case>` as the CLI asks for it: the prune stage's main, in-process."""
+    """`dvc repro prune@<case>` as the CLI asks for it: the prune stage's main, in-process,
+    on what the resolve stage makes of ``params``."""
     import stages.prune
+    from pipelines.io import write_text_atomic
+    from pipelines.resolve import resolve
 
-    monkeypatch.setattr(stages.prune, "load_params", lambda: params)
+    for path, text in resolve(params).items():
+        write_text_atomic(path, text)
     ran = []
 
     def repro(targets):
@@ -83,8 +84,7 @@ def run_prune(monkeypatch, params):
 @pytest.mark.slow
 def test_scheme_show_prints_rules_channels_and_savings(artifacts, monkeypatch, capsys, params,
                                                        mbv2_full):
-    full, layers, _ = mbv2_full
-    autodiff_outputs("mbv2_channels", full, layers)
+    autodiff_outputs("mbv2_channels", mbv2_full[0])
     ran = run_prune(monkeypatch, params)
     assert pock(["scheme", "show", "mbv2_channels"]) == 0
     assert ran == ["prune@mbv2_channels"]
@@ -120,7 +120,7 @@ def test_search_respects_the_budget_and_writes_a_valid_scheme(artifacts, monkeyp
                                                               mbv2_full):
     from pipelines.search import Probe, cost_of, search
 
-    full, layers, weights = mbv2_full
+    full, layers, weights = mbv2_full[0].module, mbv2_full[0].layers, mbv2_full[1]
     model = compose_params().models["mbv2"]
     rng = np.random.default_rng(0)
     data = {"finetune_train_x": rng.standard_normal((40, 3, 32, 32)).astype("float32"),
@@ -168,7 +168,7 @@ def test_pock_scheme_search_keeps_what_the_search_found(artifacts, monkeypatch, 
     from pipelines.io import save_arrays
     from pipelines.layout import case_dir, model_dir
 
-    full, layers, weights = mbv2_full
+    weights = mbv2_full[1]
     params = compose_params("schemes.searched.search.blocks.last=1",
                             "schemes.searched.search.ratios=[0.25,1.0]",
                             "schemes.searched.search.steps=4")
@@ -180,7 +180,7 @@ def test_pock_scheme_search_keeps_what_the_search_found(artifacts, monkeypatch, 
     save_arrays(model_dir("mbv2", "data") / DATA, {
         "finetune_train_x": rng.standard_normal((40, 3, 32, 32)).astype("float32"),
         "finetune_train_y": rng.integers(0, 10, 40).astype("int64")})
-    autodiff_outputs("mbv2_searched", full, layers)
+    autodiff_outputs("mbv2_searched", mbv2_full[0])
     ran = run_prune(monkeypatch, params)
     (artifacts / "conf" / "sparse").mkdir(parents=True)
     assert pock(["scheme", "search", "mbv2_searched", "--name", "found"]) == 0
