@@ -152,9 +152,10 @@ def cmd_bench(args) -> int:
 
 def cmd_pretuned(args) -> int:
     """Merge the tune stages' records for a device into its committed, pre-tuned database."""
-    from pipelines.backend.databases import WORKLOADS, pretuned
+    from pipelines.backend.databases import WORKLOADS
     from pipelines.backend.tuning import merge_databases
     from pipelines.io import ARTIFACTS
+    from pipelines.layout import pretuned
     from pipelines.profiles import resolved_profile, tvm_target
 
     tuned = sorted(d for d in (ARTIFACTS / "cases").glob(f"*/{args.device}/tune")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines.io import ARTIFACTS
+from pipelines.io import ARTIFACTS, ROOT
 
 def model_dir(model: str, phase: str) -> Path:
     return ARTIFACTS / "models" / model / phase
@@ -30,6 +30,11 @@ def case_dir(case: str, phase: str) -> Path:
 
 def device_dir(case: str, device: str, phase: str) -> Path:
     return ARTIFACTS / "cases" / case / device / phase
+
+
+def pretuned(device: str) -> Path:
+    """The committed tuning database of ``device`` (backend/databases.py; may not exist)."""
+    return ROOT / "device_profiles" / "tuned" / device
 
 
 def resolved_dir() -> Path:

@@ -28,9 +28,8 @@ from typing import Literal
 
 from pipelines.config import (Benchmark, LoRA, Model, Optimizer, Params, Rule, Search,
                               case_optimize, case_optimizer)
-from pipelines.backend.databases import pretuned
 from pipelines.io import dumps_json
-from pipelines.layout import (resolved_case, resolved_model, resolved_pretuned,
+from pipelines.layout import (pretuned, resolved_case, resolved_model, resolved_pretuned,
                               resolved_profile_path)
 from pipelines.profiles import load_profile
 from pipelines.schema import HOST, Strict

@@ -22,13 +22,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from pipelines.io import ROOT
 
-PRETUNED = ROOT / "device_profiles" / "tuned"
+PRETUNED = ROOT / "device_profiles" / "tuned"  # a directory per device (layout.pretuned)
 WORKLOADS, RECORDS = "workloads.json", "records.json"
-
-
-def pretuned(device: str) -> Path:
-    """The committed database of ``device`` (may not exist: no records committed)."""
-    return PRETUNED / device
 
 
 def workload(func: tirx.PrimFunc) -> tvm.IRModule:
