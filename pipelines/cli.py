@@ -11,6 +11,7 @@ import argparse
 import subprocess
 import sys
 
+from pipelines.layout import stage_name
 from pipelines.schema import HOST, ConfigError
 
 EXIT_OK, EXIT_CHECK, EXIT_INPUT, EXIT_STAGE = 0, 1, 2, 3
@@ -69,11 +70,6 @@ def _repro(targets: list[str]) -> int:
     return EXIT_OK if subprocess.call(["dvc", "repro", *targets]) == 0 else EXIT_STAGE
 
 
-def _stage(kind: str, case: str, device: str) -> str:
-    """The DVC stage of ``kind`` (tune, build) for a case on a device."""
-    return f"{kind}@{case}" if device == HOST else f"device_{kind}@{case}-{device}"
-
-
 def cmd_status(args) -> int:
     """What DVC would rerun, and why (changed deps or outs): params.yaml resolved first (the
     resolve stage, a second), since every stage after it depends on its resolved inputs."""
@@ -90,7 +86,7 @@ def cmd_scheme_show(args) -> int:
     from pipelines.report.scheme import render_scheme
 
     case = _case(args.case)
-    code = _repro([f"prune@{case}"])
+    code = _repro([stage_name("prune", case)])
     if code:
         return code
     rules = yaml.safe_load((case_dir(case, "prune") / "scheme.yaml").read_text())["rules"]
@@ -110,7 +106,7 @@ def cmd_scheme_search(args) -> int:
     if _params().schemes[_params().cases[case].scheme].search is None:
         raise ConfigError(f"params.yaml: case {case!r} has a scheme of rules, not a search; a "
                           "searching scheme: conf/sparse/searched.yaml")
-    code = _repro([f"prune@{case}"])
+    code = _repro([stage_name("prune", case)])
     if code:
         return code
     found = (case_dir(case, "prune") / "scheme.yaml").read_text()
@@ -125,7 +121,7 @@ def cmd_scheme_search(args) -> int:
 def cmd_build(args) -> int:
     """Compile a case's training step for devices (cached when nothing changed)."""
     case = _case(args.case)
-    return _repro([_stage("build", case, d) for d in _devices(case, args.devices)])
+    return _repro([stage_name("build", case, d) for d in _devices(case, args.devices)])
 
 
 def cmd_bench(args) -> int:
@@ -137,7 +133,8 @@ def cmd_bench(args) -> int:
 
     case = _case(args.case)
     devices = [d for d in _devices(case, args.devices) if d != HOST]
-    code = _repro([f"evaluate@{case}", *(f"benchmark@{case}-{d}" for d in devices)])
+    code = _repro([stage_name("evaluate", case),
+                   *(stage_name("benchmark", case, d) for d in devices)])
     if code:
         return code
     speed = read_json(metrics_path("evaluate", case)).get("speed")
@@ -320,9 +317,11 @@ def main(argv: list[str] | None = None) -> int:
               "conf/ and pipelines/); pock acts on the checkout of the current directory",
               file=sys.stderr)
         return EXIT_INPUT
+    from pipelines.io import CorruptArtifact
+
     try:
         return args.func(args)
-    except ConfigError as err:
+    except (ConfigError, CorruptArtifact) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_INPUT
 

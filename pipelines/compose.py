@@ -30,7 +30,9 @@ def compose_text(overrides: list[str]) -> str:
         raise _unreadable() from None
     text = OmegaConf.to_yaml(cfg)
     params = validate(yaml.safe_load(text), PARAMS)
-    for device in [HOST, *params.devices]:  # each resolves: a bad name or value is named here
+    # each resolves, and so does every board params.yaml changes or derives: a bad name or
+    # value is named here
+    for device in dict.fromkeys([HOST, *params.devices, *params.profiles]):
         profile = load_profile(device, params.profiles)
         if device in params.package.devices:
             packageable(profile)

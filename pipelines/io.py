@@ -30,6 +30,11 @@ ROOT = repository(Path.cwd().resolve()) or Path(__file__).resolve().parent.paren
 ARTIFACTS = ROOT / "artifacts"
 
 
+class CorruptArtifact(Exception):
+    """An artifact whose bytes are not the ones its stage recorded (``verified``): the message
+    names the file and how to make it again. Stages and commands exit 2 on it."""
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -72,11 +77,25 @@ def write_json_atomic(path: Path, data) -> None:
     write_text_atomic(path, dumps_json(data))
 
 
+def remove_leftovers(final: Path) -> list[Path]:
+    """The temporary siblings a killed run left beside ``final`` (``.<name>.*.tmp``,
+    ``.<name>.old``), removed; which. A stage's outputs are written only by that stage, one
+    run at a time (DVC's lock), so a sibling of this name is never another run's."""
+    final = Path(final)
+    stale = sorted([*final.parent.glob(f".{final.name}.*.tmp"),
+                    *final.parent.glob(f".{final.name}.old")])
+    for path in stale:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return stale
+
+
 @contextlib.contextmanager
 def atomic_dir(final: Path):
-    """Yield a temporary directory; on success it replaces ``final`` in one rename."""
+    """Yield a temporary directory; on success it replaces ``final`` in one rename. What an
+    interrupted earlier run left beside ``final`` is removed first."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(final)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     os.chmod(tmp, 0o755)
     try:
@@ -121,15 +140,40 @@ def write_manifest(out_dir: Path, stage: str, inputs: dict[str, Path], params: d
     write_json_atomic(Path(out_dir) / "manifest.json", manifest(stage, inputs, params, out_dir))
 
 
+def verified(path: Path) -> Path:
+    """``path``, checked to be what its stage wrote: where its directory holds a
+    manifest.json (stages write one beside their outputs), the file's sha256 must be the one
+    it records. A flipped byte in a built step or in weights is named before it is used."""
+    path = Path(path)
+    recorded = path.parent / "manifest.json"
+    if recorded.exists():
+        want = json.loads(recorded.read_text())["outputs"].get(path.name)
+        if want is not None and sha256_file(path) != want:
+            raise CorruptArtifact(f"{path}: not what {json.loads(recorded.read_text())['stage']}"
+                                  " wrote (its sha256 is not the one manifest.json records); "
+                                  "rerun that stage (dvc repro --force <stage>) or restore it "
+                                  "(dvc checkout)")
+    return path
+
+
+def verified_dir(directory: Path) -> Path:
+    """Every file ``directory``'s manifest.json records, checked (``verified``)."""
+    recorded = Path(directory) / "manifest.json"
+    if recorded.exists():
+        for name in json.loads(recorded.read_text())["outputs"]:
+            verified(Path(directory) / name)
+    return Path(directory)
+
+
 def read_json(path: Path):
-    return json.loads(Path(path).read_text())
+    return json.loads(verified(path).read_text())
 
 
 def load_arrays(path: Path) -> dict:
     """The arrays of an .npz file, by name, read into memory."""
     import numpy as np
 
-    with np.load(path) as data:
+    with np.load(verified(path)) as data:
         return {name: data[name] for name in data.files}
 
 
@@ -145,7 +189,8 @@ def save_arrays(path: Path, arrays: dict) -> None:
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         for name, array in arrays.items():
             entry = io.BytesIO()
-            np.lib.format.write_array(entry, np.ascontiguousarray(array), allow_pickle=False)
+            # order C, shape kept (np.ascontiguousarray makes a 0-d array 1-d)
+            np.lib.format.write_array(entry, np.asarray(array, order="C"), allow_pickle=False)
             archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)),
                              entry.getvalue())
     write_text_atomic(path, buffer.getvalue())

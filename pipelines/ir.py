@@ -10,7 +10,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from pipelines.io import write_text_atomic
+from pipelines.io import read_json, verified, write_text_atomic
 
 # relax OpPatternKind kOpaque, as a kernel's "op_pattern": FuseOps fuses nothing into it
 OPAQUE = 8
@@ -80,9 +80,9 @@ def save_ir(mod: tvm.IRModule, directory: Path, stem: str) -> None:
 def load_ir(path: Path) -> tvm.IRModule:
     """A module saved by save_ir, with the signature beside it attached, if there is one."""
     path = Path(path)
-    mod = tvm.ir.load_json(path.read_text())
+    mod = tvm.ir.load_json(verified(path).read_text())
     signature = path.with_name("signature.json")
-    return with_signature(mod, json.loads(signature.read_text())) if signature.exists() else mod
+    return with_signature(mod, read_json(signature)) if signature.exists() else mod
 
 
 # A training step's signature (training/graph.py: its inputs and outputs by name, what each

@@ -11,6 +11,7 @@
     artifacts/cases/<case>/<device>/<phase>/   per case and device: tune, build, reference,
                                            package
     artifacts/metrics/<stage>/<name>.json  metrics (committed to git; DVC metrics)
+    artifacts/checkpoints/<case>/          a fine-tuning run's last checkpoint, until it ends
 
 What each phase writes inside its directory: pipelines/phases.py.
 """
@@ -19,6 +20,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.io import ARTIFACTS, ROOT
+from pipelines.schema import HOST
+
+
+def stage_name(stage: str, case: str, device: str | None = None) -> str:
+    """dvc.yaml's name of a stage run for a case (and a device): ``prune@mbv2``,
+    ``build@mbv2`` for the host and ``device_build@mbv2-rpi4`` for a device,
+    ``benchmark@mbv2-rpi4``."""
+    if device is None:
+        return f"{stage}@{case}"
+    if stage in ("tune", "build"):
+        return f"{stage}@{case}" if device == HOST else f"device_{stage}@{case}-{device}"
+    return f"{stage}@{case}-{device}"
 
 def model_dir(model: str, phase: str) -> Path:
     return ARTIFACTS / "models" / model / phase
@@ -55,6 +68,12 @@ def resolved_model(model: str) -> Path:
 
 def resolved_case(case: str, stage: str) -> Path:
     return resolved_dir() / "cases" / case / f"{stage}.json"
+
+
+def checkpoint_dir(case: str) -> Path:
+    """Where evaluate@<case>'s fine-tuning keeps its last checkpoint until it succeeds (not a
+    DVC output: a run killed half-way goes on from it)."""
+    return ARTIFACTS / "checkpoints" / case
 
 
 def metrics_path(stage: str, name: str) -> Path:

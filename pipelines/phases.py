@@ -24,7 +24,8 @@ import numpy as np
 import tvm
 import yaml
 
-from pipelines.io import load_arrays, read_json, save_arrays, write_json_atomic, write_text_atomic
+from pipelines.io import (load_arrays, read_json, save_arrays, verified, write_json_atomic,
+                          write_text_atomic)
 from pipelines.ir import load_ir, save_ir, signature_of
 
 STEP = "train_step"            # the step's IR: train_step.json, train_step.relax.py
@@ -125,7 +126,7 @@ class PrunedStep:
 
     @classmethod
     def load_rules(cls, directory: Path) -> list[dict]:
-        return yaml.safe_load((Path(directory) / cls.RULES).read_text())["rules"]
+        return yaml.safe_load(verified(Path(directory) / cls.RULES).read_text())["rules"]
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""How a stage's main runs (stages/<name>.py): bad input ends in one message naming the file and
-key, and exit code 2; what was there before stays, since outputs are replaced only when a stage
+"""How a stage's main runs (stages/<name>.py): bad input, or an artifact that is not what its
+stage wrote, ends in one message naming the file (and key), and exit code 2; what was there before stays, since outputs are replaced only when a stage
 succeeds (pipelines/io.py: atomic_dir).
 
 With ``POCK_READS`` set to a file, each artifact the stage's process opens for reading is
@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines.io import ARTIFACTS
+from pipelines.io import ARTIFACTS, CorruptArtifact
 from pipelines.schema import ConfigError
 
 EXIT_INPUT = 2
@@ -41,6 +41,6 @@ def run_stage(main, *args) -> None:
         _record_reads(Path(os.environ["POCK_READS"]))
     try:
         main(*args)
-    except ConfigError as err:
+    except (ConfigError, CorruptArtifact) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_INPUT)

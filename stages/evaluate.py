@@ -5,16 +5,18 @@ run; fine-tuning on the model's data, PyTorch beside it.
 Output: artifacts/metrics/evaluate/<case>.json (DVC metrics: what the scheme removes, the plan,
 speed, fine-tuning); artifacts/metrics/curves/<case>-{loss,accuracy}.json (DVC plots: per step
 and per epoch, compiled and PyTorch; empty without fine-tuning); artifacts/cases/<case>/
-evaluate/: weights.safetensors (the fine-tuned weights, by the source's names), optimizer.pt
-(its state as torch.optim's), a LoRA scheme's export, and for a transformers model pretrained/
+evaluate/: weights.safetensors (the fine-tuned weights, by the source's names),
+optimizer.safetensors (its state as torch.optim's: frontends/weights.py, load_optimizer_state), a LoRA scheme's export, and for a transformers model pretrained/
 (the fine-tuned model, LoRA merged, as a directory from_pretrained loads).
 """
+import shutil
 import sys
 
 from pipelines.data import FILE
 from pipelines.evaluate.case import evaluate_case, save_finetuned
 from pipelines.io import atomic_dir, load_arrays, read_json, write_json_atomic, write_manifest
-from pipelines.layout import case_dir, device_dir, metrics_path, model_dir, resolved_case
+from pipelines.layout import (case_dir, checkpoint_dir, device_dir, metrics_path, model_dir,
+                              resolved_case)
 from pipelines.phases import Build, TrainingStep
 from pipelines.profiles import resolved_profile
 from pipelines.resolve import case_inputs
@@ -29,7 +31,7 @@ def main(name: str) -> None:
         inputs, resolved_profile(HOST).cores, build,
         TrainingStep.load_initial(case_dir(name, "autodiff")),
         load_arrays(data) if data.exists() else None, read_json(metrics_path("prune", name)),
-        Build.load(build).plan)
+        Build.load(build).plan, checkpoint_dir(name))
     with atomic_dir(case_dir(name, "evaluate")) as tmp:
         if result.finetuned is not None:
             save_finetuned(result.finetuned, inputs.model, tmp)
@@ -38,6 +40,7 @@ def main(name: str) -> None:
     write_json_atomic(metrics_path("evaluate", name), result.metrics)
     for curve, values in result.curves.items():  # DVC plots: empty for a case not fine-tuned
         write_json_atomic(metrics_path("curves", f"{name}-{curve}"), values)
+    shutil.rmtree(checkpoint_dir(name), ignore_errors=True)  # done: nothing to go on from
 
 
 if __name__ == "__main__":

@@ -71,17 +71,26 @@ def host_profile():
     return load_profile("host", {})
 
 
+_LOWERED: dict = {}
+
+
 def _case_options(params, case: str, options: dict) -> tuple:
-    """compile()'s arguments for a case of a configuration: its model, the scheme's rules
-    (or ``rules``), its optimizer (or ``optimizer``), the scheme's LoRA, the case's optimize
-    settings (``recompute`` auto: never, which a host build takes), and ``options`` on top."""
+    """compile()'s arguments for a case of a configuration: its model (imported and lowered
+    once a session, whichever case uses it), the scheme's rules (or ``rules``), its optimizer
+    (or ``optimizer``), the scheme's LoRA, the case's optimize settings (``recompute`` auto:
+    never, which a host build takes), and ``options`` on top."""
+    from pipelines.compile import import_and_lower
     from pipelines.config import case_optimize, case_optimizer
 
     spec = params.cases[case]
     scheme, settings = params.schemes[spec.scheme], case_optimize(params, spec)
+    key = (id(params), spec.model)
+    if key not in _LOWERED:
+        _LOWERED[key] = import_and_lower(params.models[spec.model])
     kwargs = {"lora": scheme.lora, "scheme_name": spec.scheme,
               "reorder_updates": settings.reorder_updates,
-              "recompute": "always" if settings.recompute == "always" else "never", **options}
+              "recompute": "always" if settings.recompute == "always" else "never",
+              "lowered": _LOWERED[key], **options}
     rules = kwargs.pop("rules", scheme.rules)
     optimizer = kwargs.pop("optimizer", case_optimizer(params, spec))
     return params.models[spec.model], rules, optimizer, kwargs

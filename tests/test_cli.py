@@ -5,7 +5,8 @@ import pytest
 from pipelines import cli
 
 COMMANDS = [["compose"], ["status"], ["scheme", "show"], ["scheme", "search"], ["build"],
-            ["bench"], ["report"], ["regress"], ["setup"], ["emulation", "setup"], ["pretuned"]]
+            ["bench"], ["report"], ["regress"], ["setup"], ["emulation", "setup"], ["pretuned"],
+            ["device", "show"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)

@@ -63,6 +63,15 @@ def test_a_board_from_hydra_overrides_only():
     rpi4 = load_profile("rpi4", {})
     assert rpi5.target == dict(rpi4.target, mcpu="cortex-a76")
     assert rpi5.memory_mb == 8192 and rpi5.toolchain == rpi4.toolchain
+    # the board's own, not the Pi 4's: its description, its RPC key, and a budget that keeps
+    # the Pi 4's share of its memory (2048 of 4096 MiB: 4096 of 8192)
+    assert rpi5.description.startswith("rpi5, derived from rpi4")
+    assert rpi5.remote.key == "rpi5" and rpi5.remote.tracker == rpi4.remote.tracker
+    assert rpi5.memory_budget_mb == 4096
+    origins = profiles.profile_origins("rpi5", params["profiles"])
+    assert origins["memory_budget_mb"].startswith("derived: rpi4's share of memory")
+    assert origins["cores"] == "device_profiles/rpi4.yaml (inherited from rpi4)"
+    assert origins["target"] == "params.yaml profiles.rpi5, merged over rpi4's"
     assert "rpi5" in profiles.available_profiles(params["profiles"])
     # An override of a base reaches the boards derived from it.
     assert load_profile("rpi5", {**params["profiles"], "rpi4": {"cores": 2}}).cores == 2
@@ -78,6 +87,9 @@ def test_a_board_from_a_new_yaml_file(tmp_path, monkeypatch):
     nano = load_profile("orin_nano", {})
     assert nano.target["arch"] == "sm_87" and nano.cores == 6
     assert nano.host == load_profile("jetson_orin", {}).host
+    # what the file says is the board's own; its RPC key is its name, not the AGX's
+    assert nano.description == "Jetson Orin Nano 8GB" and nano.memory_budget_mb == 4096
+    assert nano.remote.key == "orin_nano"
     assert "orin_nano" in profiles.available_profiles()
 
 
@@ -94,6 +106,9 @@ def test_a_board_from_a_new_yaml_file(tmp_path, monkeypatch):
     ({"tune": {"trials": -1}}, "tune.trials=-1: Input should be greater than or equal to 0"),
     ({"tune": {"trials": True}}, "tune.trials=True: Input should be a valid integer"),
     ({"tune": {"trials": 5}}, "tune.trials=5 needs candidates timed on the device"),
+    ({"target": {"mcpu": "cortex-a7z"}}, "target.mcpu='cortex-a7z' is not a CPU LLVM knows for "
+                                         "aarch64-linux-gnu; allowed, e.g.: ['cortex-a78'"),
+    ({"target": {"mattr": ["+neom"]}}, "target.mattr has '+neom', not a feature LLVM knows"),
     ({"extends": "rpi4"}, "cycle: rpi4 -> rpi4"),
 ])
 def test_bad_profiles_are_named(override, message):

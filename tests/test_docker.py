@@ -183,8 +183,8 @@ def test_packaged_image_fine_tunes_and_its_weights_load_into_pytorch(client, pac
 
 @pytest.mark.slow
 def test_packaged_image_names_bad_data(client, package, tmp_path):
-    """A data directory without train.npz, or with the wrong shapes, is named; nothing is
-    written."""
+    """A data directory without train.npz, with the wrong shapes, with labels the model's 10
+    classes do not have, or with NaN in x, is named with exit code 2; nothing is written."""
     out = tmp_path / "out"
     out.mkdir()
     code, logs = _run(client, package[0]["id"], [], tmp_path, out)
@@ -192,6 +192,18 @@ def test_packaged_image_names_bad_data(client, package, tmp_path):
     np.savez(tmp_path / "train.npz", x=np.zeros((9, 3, 8, 8), "float32"), y=np.zeros(9))
     code, logs = _run(client, package[0]["id"], [], tmp_path, out)
     assert code == 2 and "allowed: x [N, 3, 32, 32] and y [N]" in logs
+    x, y = _batches(16)
+    for label in (10, -5, 10**9):
+        bad = y.copy()
+        bad[3] = label
+        np.savez(tmp_path / "train.npz", x=x, y=bad)
+        code, logs = _run(client, package[0]["id"], [], tmp_path, out)
+        assert code == 2 and f"labels [{label}] are out of range; allowed: 0 to 9" in logs
+    nan = x.copy()
+    nan[2, 0, 0, 0] = np.nan
+    np.savez(tmp_path / "train.npz", x=nan, y=y)
+    code, logs = _run(client, package[0]["id"], [], tmp_path, out)
+    assert code == 2 and "holds 1 non-finite values" in logs
     assert not list(out.iterdir())
 
 

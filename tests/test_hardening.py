@@ -7,7 +7,10 @@
 - a step whose loss or new state is not finite keeps the state before it;
 - a malformed conf/ file, a momentum of 2: refused at compose time, exit 2, naming the file;
 - `pock` acts on the checkout of the current directory, and refuses outside one;
-- a build leaves no scratch directory behind.
+- a build leaves no scratch directory behind;
+- an artifact whose bytes are not what its stage wrote is named before it is used; what a
+  killed run left beside a stage's output is removed by the next run;
+- optimizer state is written as safetensors, never a pickle, and loads back into torch.optim.
 """
 import os
 import shutil
@@ -169,3 +172,189 @@ def test_the_openblas_scratch_directory_goes_with_its_process(tmp_path):
                          check=True, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert run.stdout.strip().startswith(str(tmp_path))
     assert not list(tmp_path.iterdir())
+
+
+def test_a_flipped_byte_in_a_built_step_or_weights_is_named(built, tmp_path):
+    from pipelines.frontends.weights import load_weights, save_weights
+    from pipelines.io import CorruptArtifact, atomic_dir, write_manifest
+
+    directory, initial = built
+    build = tmp_path / "build"
+    shutil.copytree(directory, build)
+    write_manifest(build, "build@test-host", {}, {})
+    CompiledStep(build, initial)  # as written: loads
+    library = bytearray((build / "step.so").read_bytes())
+    library[len(library) // 2] ^= 1
+    (build / "step.so").write_bytes(bytes(library))
+    with pytest.raises(CorruptArtifact, match=r"build/step\.so: not what build@test-host wrote"):
+        CompiledStep(build, initial)
+    weights = tmp_path / "weights"
+    with atomic_dir(weights) as out:
+        save_weights({"w": torch.ones(3)}, out / "weights.safetensors")
+        write_manifest(out, "weights@test", {}, {})
+    data = bytearray((weights / "weights.safetensors").read_bytes())
+    data[-1] ^= 1
+    (weights / "weights.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CorruptArtifact, match="weights.safetensors: not what weights@test"):
+        load_weights(weights / "weights.safetensors")
+
+
+def test_what_a_killed_run_left_is_removed_by_the_next(tmp_path):
+    from pipelines.io import atomic_dir
+
+    final = tmp_path / "build"
+    (tmp_path / ".build.x1y2.tmp").mkdir()  # a run killed while writing
+    (tmp_path / ".build.old").mkdir()  # ... or while swapping
+    with atomic_dir(final) as out:
+        (out / "step.so").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build"]
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_optimizer_state_is_safetensors_and_loads_into_torch(tmp_path, kind):
+    from pipelines.frontends.weights import load_optimizer_state, save_optimizer_state
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if kind == "sgd"
+                 else torch.optim.AdamW(model.parameters(), lr=0.01))
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(5, 4)).pow(2).mean().backward()
+        optimizer.step()
+    save_optimizer_state(optimizer.state_dict(), tmp_path / "optimizer.safetensors")
+    assert (tmp_path / "optimizer.safetensors").read_bytes()[8:9] == b"{"  # a safetensors header
+    again = type(optimizer)(model.parameters(), lr=1.0)
+    again.load_state_dict(load_optimizer_state(tmp_path / "optimizer.safetensors"))
+    want, got = optimizer.state_dict(), again.state_dict()
+    assert got["param_groups"] == want["param_groups"]
+    for index, slots in want["state"].items():
+        for key, value in slots.items():
+            assert torch.equal(torch.as_tensor(got["state"][index][key]), torch.as_tensor(value))
+
+
+KILLED_RUN = """
+import os, signal, sys
+import numpy as np
+from pipelines.evaluate import finetune as run
+from pipelines.io import load_arrays
+sys.path.insert(0, "tests")
+from conftest import model_section
+from test_hardening import SGD, CLASSIFIER
+
+directory, at = sys.argv[1], int(sys.argv[2])
+taken = []
+def dying(*args, **kwargs):  # SIGKILL in the middle of step ``at``
+    taken.append(1)
+    if len(taken) == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return pytorch_step(*args, **kwargs)
+pytorch_step, run.train_step = run.train_step, dying
+run.finetune(model_section(**CLASSIFIER), directory + "/build",
+             load_arrays(directory + "/initial.npz"), SGD, load_arrays(directory + "/data.npz"),
+             2, 0, checkpoints=directory + "/checkpoints", every=3)
+"""
+CLASSIFIER = {"frontend": "torch", "source": "tests/frontends/task_heads.py",
+              "entry": "classifier", "batch_size": 4, "finetune": {"epochs": 2}}
+
+
+def test_a_killed_fine_tuning_run_goes_on_to_the_same_weights(tmp_path, host_profile, capsys):
+    """Killed with SIGKILL in the middle of a step (any of 20, past the first checkpoint),
+    then run again: the same losses, accuracies, weights and optimizer state as a run never
+    interrupted; the checkpoint is what it went on from."""
+    from conftest import model_section
+
+    from pipelines.compile import compile
+    from pipelines.evaluate.finetune import finetune
+    from pipelines.io import save_arrays
+
+    model = model_section(**CLASSIFIER)
+    compiled = compile(model, [{"modules": ["*"]}], SGD, host_profile, tmp_path / "build")
+    rng = np.random.default_rng(0)
+    data = {f"finetune_{split}_{k}": v for split, n in (("train", 40), ("test", 12))
+            for k, v in (("x", rng.standard_normal((n, 5)).astype("float32")),
+                         ("y", rng.integers(0, 3, n)))}
+    save_arrays(tmp_path / "data.npz", data)
+    save_arrays(tmp_path / "initial.npz", compiled.initial)
+    whole = finetune(model, compiled.directory, compiled.initial, SGD, data, 2, 0)
+
+    at = int(np.random.default_rng().integers(4, 20))  # any step after the first checkpoint
+    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, str(tmp_path), str(at)],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    assert (tmp_path / "checkpoints" / "progress.json").exists()
+    capsys.readouterr()
+    again = finetune(model, compiled.directory, compiled.initial, SGD, data, 2, 0,
+                     checkpoints=tmp_path / "checkpoints", every=3)
+    # checkpoints: every 3 steps and at each epoch's end (10 steps an epoch); the last one
+    # before the killed step is where the run goes on from
+    resumed = max(s for s in (3, 6, 9, 10, 12, 15, 18) if s < at)
+    assert f"going on from step {resumed} " in capsys.readouterr().out, at
+    assert again.losses == whole.losses and again.accuracy == whole.accuracy, at
+    for name, value in whole.weights.items():
+        assert torch.equal(again.weights[name], value), name
+    for index, slots in whole.optimizer_state["state"].items():
+        for key, value in slots.items():
+            assert torch.equal(again.optimizer_state["state"][index][key], value)
+
+
+# Keys of the configuration with values the schema allows and values it refuses: the fuzz
+# draws overrides from both.
+FUZZ = {
+    "seed": (["0", "7"], ["x", "1.5"]),
+    "optimizers.sgd.lr": (["0.01", "1e-3"], ["0", "-1", "fast"]),
+    "optimizers.sgd.momentum": (["0.0", "0.9"], ["1", "2", "-0.1"]),
+    "optimizers.adam.betas": (["[0.9,0.99]"], ["[1.0,0.9]", "[0.9]"]),
+    "models.mbv2.batch_size": (["4", "16"], ["0", "-8", "eight"]),
+    "models.mbv2.finetune.epochs": (["1", "3"], ["0"]),
+    "models.mbv2.task": (["classification"], ["segmentation"]),
+    "cases.mbv2.scheme": (["full", "bias_only"], ["nope", "mbv2_papr"]),
+    "cases.mbv2.optimizer": (["adam", "sgd"], ["rmsprop"]),
+    "optimize.recompute": (["never", "always"], ["sometimes"]),
+    "benchmark.peers": (["[torch_eager_full]"], ["[tensorflow]"]),
+    "devices": (["[rpi4]", "[edge_x86,rpi4]"], ["[rpi9]", "[host]", "[../etc]"]),
+    "+profiles.rpi4.target.mcpu": (["cortex-a53"], ["cortex-a999"]),
+    "+profiles.rpi4.memory_mb": (["2048"], ["-1"]),
+}
+
+
+def test_random_overrides_compose_cleanly_or_are_refused_leaving_params_intact(tmp_path):
+    """Seeded draws of 1-3 overrides, each from the allowed or the refused values: either
+    params.yaml is written and checks, or a ConfigError naming a drawn key (exit 2 at the
+    command line) leaves the earlier params.yaml byte-identical."""
+    from pipelines.compose import compose
+    from pipelines.config import validate
+    from pipelines.schema import ConfigError
+
+    output = tmp_path / "params.yaml"
+    compose([], output)
+    rng = np.random.default_rng(0)
+    outcomes = {"written": 0, "refused": 0}
+    for _ in range(40):
+        keys = rng.choice(sorted(FUZZ), size=rng.integers(1, 4), replace=False)
+        drawn = {key: rng.choice(FUZZ[key][int(rng.random() < 0.5)]) for key in keys}
+        overrides = [f"{key}={value}" for key, value in drawn.items()]
+        before = output.read_bytes()
+        try:
+            compose(overrides, output)
+        except ConfigError as err:
+            outcomes["refused"] += 1
+            assert output.read_bytes() == before, overrides
+            named = [key.lstrip("+").split(".")[-1] for key in drawn]
+            assert any(name in str(err) for name in named) or "rpi9" in str(err) \
+                or "'host'" in str(err) or "../etc" in str(err), (overrides, str(err))
+            continue
+        outcomes["written"] += 1
+        assert all(value in FUZZ[key][0] for key, value in drawn.items()), overrides
+        validate(__import__("yaml").safe_load(output.read_text()))
+    assert min(outcomes.values()) >= 5, outcomes
+
+
+def test_saved_arrays_keep_their_shapes(tmp_path):
+    """A 0-d array (a loss, a learned scale, a step count) comes back 0-d."""
+    from pipelines.io import load_arrays, save_arrays
+
+    arrays = {"loss": np.float32(2.5) * np.ones((), "float32"), "w": np.ones((2, 3), "float32")}
+    save_arrays(tmp_path / "a.npz", arrays)
+    back = load_arrays(tmp_path / "a.npz")
+    assert {k: v.shape for k, v in back.items()} == {"loss": (), "w": (2, 3)}

@@ -62,6 +62,19 @@ def hf_model(family: str, **keys):
                  inputs=BERT_INPUTS if family == "bert" else [], **keys)
 
 
+_LOWERED: dict = {}
+
+
+def lowered(family: str):
+    """hf_model(family) imported and lowered (pipelines/compile.py: import_and_lower), once a
+    session: its full and sparse steps start from the same lowered model."""
+    from pipelines.compile import import_and_lower
+
+    if family not in _LOWERED:
+        _LOWERED[family] = import_and_lower(hf_model(family))
+    return _LOWERED[family]
+
+
 def sparse_rules(family: str) -> list[dict]:
     block, modules, head = SPARSE[family]
     first, *rest = [f"{block}.{m}" for m in modules]
@@ -98,7 +111,8 @@ def test_transformers_model_steps_like_pytorch(tmp_path, host_profile, family, s
     model = hf_model(family)
     torch.manual_seed(0)
     rules = FULL if scheme == "full" else sparse_rules(family)
-    compiled = compile(model, rules, OPT, host_profile, tmp_path, scheme_name=scheme)
+    compiled = compile(model, rules, OPT, host_profile, tmp_path, scheme_name=scheme,
+                       lowered=lowered(family))
     assert compiled.signature["data"] == (BERT_INPUTS if family == "bert" else [
         "pixel_values" if family in ("vit", "resnet") else "input_ids"]) + ["labels"]
     names = compiled.signature["source_names"]
@@ -176,11 +190,33 @@ FOLDED = {"llama": [], "qwen2": [], "gpt2": ["transformer.wpe.weight"],
           "vit": ["vit.embeddings.cls_token"], "resnet": []}
 
 
+@pytest.fixture(scope="module")
+def onnx_exports(tmp_path_factory):
+    """family -> (its seeded module exported by torch.onnx's default exporter, that file
+    imported and lowered), once a session: its full and sparse steps start from the same."""
+    from pipelines.compile import import_and_lower
+
+    made = {}
+
+    def export(family: str):
+        if family not in made:
+            torch.manual_seed(0)
+            module, example = load_module(hf_model(family))
+            path = onnx_export(module, example, tmp_path_factory.mktemp("onnx") / f"{family}.onnx",
+                               optimize=family != "resnet")
+            made[family] = path, import_and_lower(model_section(
+                frontend="onnx", source=str(path), batch_size=BATCH))
+        return made[family]
+
+    return export
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(SPARSE))
 @pytest.mark.parametrize("scheme", ["full", "sparse"])
 def test_an_onnx_export_steps_like_pytorch_under_the_state_dict_names(tmp_path, host_profile,
-                                                                       family, scheme):
+                                                                       onnx_exports, family,
+                                                                       scheme):
     """Each family exported to ONNX as torch.onnx writes it by default (ResNet with
     optimize=False: the default folds its batch norm, which is refused): the step's parameters
     are the module's, under its state-dict names (transposed weights, merged and dropped-zero
@@ -190,17 +226,17 @@ def test_an_onnx_export_steps_like_pytorch_under_the_state_dict_names(tmp_path, 
     from pipelines.frontends.onnx_graph import frozen_by_export, load_onnx, prepare
 
     source = hf_model(family)
+    path, lowered_export = onnx_exports(family)
     torch.manual_seed(0)
-    module, example = load_module(source)
-    path = onnx_export(module, example, tmp_path / f"{family}.onnx",
-                       optimize=family != "resnet")
+    module, _ = load_module(source)  # as exported: the same seed
     model = model_section(frontend="onnx", source=str(path), batch_size=BATCH)
     params = {name for name, _ in module.named_parameters()}
     # named at import, with the buffers folded alike (LLaMA's rotary table, BERT's positions)
     assert set(frozen_by_export(prepare(load_onnx(path), BATCH, path))) & params == set(
         FOLDED[family])
     rules = FULL if scheme == "full" else sparse_rules(family)
-    compiled = compile(model, rules, OPT, host_profile, tmp_path / "build", scheme_name=scheme)
+    compiled = compile(model, rules, OPT, host_profile, tmp_path / "build", scheme_name=scheme,
+                       lowered=lowered_export)
     names = compiled.signature["source_names"]
     trainable = {names[p] for p in compiled.signature["trainable"]}
     if scheme == "full":

@@ -40,15 +40,14 @@ class Evaluation:
 
 
 def save_finetuned(tuned: Finetuned, model, directory: Path) -> None:
-    """The fine-tuned weights (by the source's names), the optimizer's state as torch.optim's,
+    """The fine-tuned weights (by the source's names), the optimizer's state as torch.optim's
+    (safetensors: frontends/weights.py, load_optimizer_state),
     a LoRA scheme's export, and for a transformers model the model as from_pretrained loads it
     (pretrained/, LoRA merged)."""
-    import torch
-
-    from pipelines.frontends.weights import save_weights
+    from pipelines.frontends.weights import save_optimizer_state, save_weights
 
     save_weights(tuned.weights, directory / "weights.safetensors")
-    torch.save(tuned.optimizer_state, directory / "optimizer.pt")
+    save_optimizer_state(tuned.optimizer_state, directory / "optimizer.safetensors")
     if tuned.export is not None:
         save_weights(tuned.export[1], directory / tuned.export[0])
     if model.frontend == "transformers" and tuned.plain_weights is not None:
@@ -90,11 +89,12 @@ def first_losses(model, build: Path, initial: dict, optimizer, *batch) -> tuple[
 
 
 def evaluate_case(inputs, cores: int, build: Path, initial: dict, data: dict | None,
-                  report: dict, plan: dict) -> Evaluation:
+                  report: dict, plan: dict, checkpoints: Path | None = None) -> Evaluation:
     """The case's metrics (and its fine-tuning run): ``inputs`` what the resolve stage gives
     evaluate@ (pipelines/resolve.py: EvaluateInputs); ``build`` the host build, ``initial``
     its initial state, ``data`` the model's arrays (None: none), ``report`` the prune report,
-    ``plan`` the build's memory plan.
+    ``plan`` the build's memory plan; ``checkpoints``, where fine-tuning keeps its last
+    checkpoint and goes on from one.
 
     A wrong build fails before anything is timed: its first steps' losses must be PyTorch's,
     checked once, by fine-tuning where the case fine-tunes, else on the timing batch."""
@@ -107,7 +107,8 @@ def evaluate_case(inputs, cores: int, build: Path, initial: dict, data: dict | N
     finetuned = None
     if "finetune" in inputs.evaluate:
         finetuned = finetune(model, build, initial, optimizer, data, model.finetune.epochs,
-                             inputs.seed, inputs.lora, inputs.case)
+                             inputs.seed, inputs.lora, inputs.case, checkpoints,
+                             model.finetune.checkpoint_every)
         metrics["finetune"] = finetuned.metrics
         checked = finetuned.losses[:CHECKED_STEPS]
         metrics["losses"] = {side: [r[side] for r in checked] for side in ("compiled", "pytorch")}

@@ -10,17 +10,19 @@ the compiled step scored).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from pipelines.schema import ConfigError
 from pipelines.data import split
+from pipelines.evaluate.checkpoints import Position, restore, save
 from pipelines.frontends.twin import step_batch, torch_twin
-from pipelines.models.torch_lora import adapter_state, merged_state
 from pipelines.models.pytorch import accuracy, batches, make_optimizer, one_thread, train_step
+from pipelines.models.torch_lora import adapter_state, merged_state
 from pipelines.progress import progress
 from pipelines.runtime.step import CompiledStep, selection_of
+from pipelines.schema import ConfigError
 
 CHECKED_STEPS, LOSS_RTOL = 2, 1e-4
 
@@ -49,10 +51,13 @@ class Finetuned:
 
 @one_thread()  # PyTorch's accuracies then do not depend on the machine's core count
 def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, seed: int,
-             lora=None, name: str = "case") -> Finetuned:
+             lora=None, name: str = "case", checkpoints: Path | None = None,
+             every: int = 50) -> Finetuned:
     """Fine-tune the step built in ``build`` from ``initial`` (values by Relax name) for
     ``epochs`` on ``data``'s finetune split, PyTorch beside it; ``lora``: the scheme's LoRA
-    section, for its export."""
+    section, for its export. With ``checkpoints``, the run is saved there every ``every``
+    steps and at each epoch's end, and goes on from the last checkpoint there, if any
+    (checkpoints.py)."""
     compiled = CompiledStep(build, initial)
     signature = compiled.signature
     reference = torch_twin(model, signature, initial)
@@ -66,28 +71,40 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
         raise ConfigError(f"params.yaml: models.<model>.batch_size={batch}: the fine-tuning split "
                           f"has {len(y)} training examples, fewer than one batch; lower it, or "
                           "give the data more examples")
-    start = accuracy(reference, test_xs, test_y)
-    curve = [{"epoch": 0, "compiled": start, "pytorch": start}]
-    losses = []
-    for epoch in range(epochs):
-        first = len(losses)
-        for index in progress(list(batches(len(y), batch, seed, epoch)),
-                              f"{name}: fine-tuning epoch {epoch + 1}/{epochs}"):
-            step = step_batch(signature, *(a[index] for a in xs), y[index])
+    at = checkpoints and restore(checkpoints, compiled, reference, update)
+    if at:
+        print(f"{name}: going on from step {len(at.losses)} (epoch {at.epoch + 1}, batch "
+              f"{at.next + 1}), the checkpoint in {checkpoints}", flush=True)
+    else:
+        start = accuracy(reference, test_xs, test_y)
+        at = Position(0, 0, [], [{"epoch": 0, "compiled": start, "pytorch": start}])
+    losses, curve = at.losses, at.accuracy
+    for epoch in range(at.epoch, epochs):
+        order = list(batches(len(y), batch, seed, epoch))
+        first = len(losses) - (at.next if epoch == at.epoch else 0)
+        for i in progress(range(at.next if epoch == at.epoch else 0, len(order)),
+                          f"{name}: fine-tuning epoch {epoch + 1}/{epochs}"):
+            step = step_batch(signature, *(a[order[i]] for a in xs), y[order[i]])
             losses.append({"step": len(losses) + 1, "compiled": compiled.step(*step),
                            "pytorch": train_step(reference, update, *step,
                                                  task=signature["task"])})
             if len(losses) == CHECKED_STEPS:
                 check_first_losses(name, *([r[side] for r in losses]
                                            for side in ("compiled", "pytorch")))
+            if checkpoints and len(losses) % every == 0 and i + 1 < len(order):
+                save(checkpoints, Position(epoch, i + 1, losses, curve), compiled, reference,
+                     update)
         curve.append({"epoch": epoch + 1,
                       "compiled": accuracy(compiled.load_into(evaluator), test_xs, test_y),
                       "pytorch": accuracy(reference, test_xs, test_y)})
+        if checkpoints:
+            save(checkpoints, Position(epoch + 1, 0, losses, curve), compiled, reference, update)
         last = losses[first:]
         print(f"{name} epoch {epoch + 1}: loss compiled "
               f"{np.mean([r['compiled'] for r in last]):.4f} pytorch "
               f"{np.mean([r['pytorch'] for r in last]):.4f}; accuracy compiled "
               f"{curve[-1]['compiled']:.3f} pytorch {curve[-1]['pytorch']:.3f}", flush=True)
+    start = curve[0]["compiled"]
     last = losses[-(len(y) // batch):]
     metrics = {
         "steps": len(losses), "epochs": epochs,

@@ -42,8 +42,10 @@ def import_model(model, weights: Path, out: Path) -> str:
 
 def lower_model(model, imported: Path):
     """``import_model``'s files as Relax, with the layers schemes select from: a Lowered."""
+    from pipelines.io import verified_dir
     from pipelines.phases import LAYERS, Lowered
 
+    verified_dir(imported)  # the frontends read their files themselves
     main, names, origins, values = FRONTENDS[model.frontend].lower(model, Path(imported))
     return Lowered(main, names, origins, values, read_json(Path(imported) / LAYERS))
 

@@ -26,6 +26,8 @@ class Pretrain(Strict):
 
 class Finetune(Strict):
     epochs: PositiveInt
+    # steps between checkpoints, from which a killed evaluate@ goes on (evaluate/checkpoints.py)
+    checkpoint_every: PositiveInt = 100
 
 
 class ModelBase(Strict):

@@ -54,7 +54,50 @@ def save_weights(state: dict, path: Path) -> None:
     save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(path))
 
 
+def save_optimizer_state(state: dict, path: Path) -> None:
+    """A torch.optim state dict as safetensors, never a pickle: each tensor of ``state``
+    under ``<param index>.<key>``, the rest (numbers, ``param_groups``) as JSON metadata."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors, numbers = {}, {}
+    for index, slots in state["state"].items():
+        for key, value in slots.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}.{key}"] = value.detach().contiguous().clone()
+            else:
+                numbers[f"{index}.{key}"] = value
+    save_file(tensors, str(path), metadata={
+        "param_groups": json.dumps(state["param_groups"]), "numbers": json.dumps(numbers)})
+
+
+def load_optimizer_state(path: Path) -> dict:
+    """``save_optimizer_state``'s file as the state dict ``optimizer.load_state_dict`` takes."""
+    import json
+
+    from safetensors import safe_open
+
+    from pipelines.io import verified
+
+    state: dict = {}
+    with safe_open(str(verified(path)), framework="pt") as handle:
+        meta = handle.metadata()
+        for name in handle.keys():
+            index, key = name.split(".", 1)
+            state.setdefault(int(index), {})[key] = handle.get_tensor(name)
+    for name, value in json.loads(meta["numbers"]).items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    # JSON has no tuples: torch.optim keeps its pairs (Adam's betas) as tuples
+    groups = [{key: tuple(value) if isinstance(value, list) and key != "params" else value
+               for key, value in group.items()} for group in json.loads(meta["param_groups"])]
+    return {"state": state, "param_groups": groups}
+
+
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    return load_file(str(path))
+    from pipelines.io import verified
+
+    return load_file(str(verified(path)))

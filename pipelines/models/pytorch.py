@@ -97,6 +97,10 @@ class ChannelSparse:
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 
+    def load_state_dict(self, state: dict) -> None:
+        """The inner optimizer's state (the slices are taken from the parameters each step)."""
+        self.optimizer.load_state_dict(state)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
         for param, *_ in self.sliced.values():

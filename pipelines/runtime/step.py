@@ -5,7 +5,6 @@ Evaluation, fine-tuning, packaging and the tests call the compiled step through 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import tvm
 from tvm import relax
 
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts, before they start)
+from pipelines.io import read_json, verified
 from pipelines.runtime.checks import check_batch, check_finite
 
 LIBRARY, SIGNATURE = "step.so", "signature.json"
@@ -24,10 +24,10 @@ class CompiledStep:
 
     def __init__(self, build_dir: Path, initial: dict[str, np.ndarray]):
         build_dir = Path(build_dir)
-        self.signature = json.loads((build_dir / SIGNATURE).read_text())
+        self.signature = read_json(build_dir / SIGNATURE)
         self.device = tvm.cpu()
-        self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(build_dir / LIBRARY)),
-                                       self.device)
+        self.vm = relax.VirtualMachine(
+            tvm.runtime.load_module(str(verified(build_dir / LIBRARY))), self.device)
         self.function = self.vm["train_step"]
         self.data = self.signature["data"]  # the step's data inputs: the model's, then labels
         self.state_names = self.signature["inputs"][len(self.data):]

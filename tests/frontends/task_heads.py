@@ -38,3 +38,19 @@ class Regressor(torch.nn.Module):
 
 def regressor(batch_size: int):
     return Regressor(), {"input": torch.randn(batch_size, FEATURES)}
+
+
+class Classifier(torch.nn.Module):
+    """[batch, features] -> [batch, 3] class logits: a small classifier to fine-tune."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(),
+                                       torch.nn.Linear(8, 3))
+
+    def forward(self, input):
+        return self.net(input)
+
+
+def classifier(batch_size: int):
+    return Classifier(), {"input": torch.randn(batch_size, FEATURES)}
