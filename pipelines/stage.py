@@ -1,5 +1,6 @@
 """How a stage's main runs (stages/<name>.py): bad input, or an artifact that is not what its
-stage wrote, ends in one message naming the file (and key), and exit code 2; what was there before stays, since outputs are replaced only when a stage
+stage wrote, ends in one message naming the file (and key), and exit code 2; a training step
+whose loss or state is not finite, in one naming the step and the tensor, and exit code 3; what was there before stays, since outputs are replaced only when a stage
 succeeds (pipelines/io.py: atomic_dir).
 
 With ``POCK_READS`` set to a file, each artifact the stage's process opens for reading is
@@ -14,9 +15,10 @@ import sys
 from pathlib import Path
 
 from pipelines.io import ARTIFACTS, CorruptArtifact
+from pipelines.runtime.checks import BadBatch, StepError
 from pipelines.schema import ConfigError
 
-EXIT_INPUT = 2
+EXIT_INPUT, EXIT_STEP = 2, 3
 
 
 def _record_reads(log: Path) -> None:
@@ -41,6 +43,9 @@ def run_stage(main, *args) -> None:
         _record_reads(Path(os.environ["POCK_READS"]))
     try:
         main(*args)
-    except (ConfigError, CorruptArtifact) as err:
+    except (ConfigError, CorruptArtifact, BadBatch) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_INPUT)
+    except StepError as err:  # a step that went NaN: the state before it is kept
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(EXIT_STEP)

@@ -16,13 +16,17 @@ class StepError(ValueError):
     the step, the array and what is allowed."""
 
 
+class BadBatch(StepError):
+    """Input the step cannot take (bad input: exit code 2 where a command meets it)."""
+
+
 def check_batch(signature: dict, arrays: dict[str, np.ndarray], where: str) -> None:
     """``arrays`` (the step's data inputs by name) hold finite floats and scorable labels."""
     for name, array in arrays.items():
         array = np.asarray(array)
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             count = int(np.size(array) - np.isfinite(array).sum())
-            raise StepError(f"{where}: input {name!r} holds {count} non-finite values (NaN or "
+            raise BadBatch(f"{where}: input {name!r} holds {count} non-finite values (NaN or "
                             "inf); allowed: finite numbers")
     labels = signature.get("labels") or {}
     if labels.get("classes") and "labels" in arrays:
@@ -30,7 +34,7 @@ def check_batch(signature: dict, arrays: dict[str, np.ndarray], where: str) -> N
         bad = (y != ignore) & ((y < 0) | (y >= labels["classes"]))
         if bad.any():
             shown = sorted({int(v) for v in y[bad].ravel()[:1000]})[:5]
-            raise StepError(f"{where}: labels {shown} are out of range; allowed: 0 to "
+            raise BadBatch(f"{where}: labels {shown} are out of range; allowed: 0 to "
                             f"{labels['classes'] - 1} (the model's {labels['classes']} "
                             f"classes), or {ignore} (scores nothing)")
 
