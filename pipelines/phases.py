@@ -11,6 +11,8 @@ nowhere else.
     Tuning         tune@<case>-<device>    the variant the device builds, its kernels' tuned
                                            schedules (a MetaSchedule database)
     Build          build@<case>-<device>   the step library for one device, its signature, plan
+    Reference      profile@<case>     the host build's outputs on the seeded batch, what each
+                                      device's build of the case is checked against
 
 A step module carries its signature (pipelines/ir.py) in memory; on disk it is
 ``signature.json`` beside the TVMScript.
@@ -220,3 +222,24 @@ class Build:
         directory = Path(directory)
         return cls(directory, read_json(directory / SIGNATURE), read_json(directory / PLAN),
                    read_json(directory / cls.BUILT))
+
+
+@dataclass
+class Reference:
+    """The host build's outputs after one step on the seeded batch (profile@<case>), by output
+    name: what each device's build must give on the same arguments (evaluate/device.py)."""
+
+    outputs: dict[str, np.ndarray]
+
+    OUTPUTS = "outputs.npz"
+
+    def save(self, directory: Path) -> None:
+        save_arrays(Path(directory) / self.OUTPUTS, self.outputs)
+
+    @classmethod
+    def load(cls, directory: Path) -> Reference:
+        return cls(load_arrays(Path(directory) / cls.OUTPUTS))
+
+    def ordered(self, signature: dict) -> list[np.ndarray]:
+        """The outputs in the step's order (the loss, then each new state tensor)."""
+        return [self.outputs[name] for name in signature["outputs"]]

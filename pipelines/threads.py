@@ -3,12 +3,11 @@ that do (the default schedules, the step runner), before TVM's pool or OpenBLAS 
 import os
 
 # The parallel loops run on TVM's thread pool, which, left to itself, starts a thread per CPU
-# of the whole machine, not of the CPUs this process may use: on 2 usable cores the parallel
-# step ran 8.0 ms instead of 2.4. Read when the pool starts, at the first kernel call; a
-# caller that set it (the benchmark: the profile's cores) wins.
+# of the whole machine, not of the CPUs this process may use (docs/tuning.md, "Threads"). Read
+# when the pool starts, at the first kernel call; a caller that set it (the benchmark: the
+# profile's cores) wins.
 os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 # A step whose products run on OpenBLAS (pipelines/backend/blas.py) calls it on one thread per task
 # of TVM's pool. Loaded with its default, OpenBLAS starts worker threads of its own, unused but
-# costly: in the benchmark's fresh process the mbv2 step took 5.5 ms instead of 3.0. Read when
-# the library loads, with the step's library.
+# costly (docs/tuning.md, "Threads"). Read when the library loads, with the step's library.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

@@ -11,9 +11,9 @@ import sys
 
 from pipelines.runtime.step import synthetic_batch
 from pipelines.evaluate.device import CHANGE_RTOL, RTOL, run_on_device, summary
-from pipelines.io import load_arrays, write_json_atomic
+from pipelines.io import write_json_atomic
 from pipelines.layout import case_dir, device_dir, metrics_path
-from pipelines.phases import Build, TrainingStep
+from pipelines.phases import Build, Reference, TrainingStep
 from pipelines.profiles import resolved_profile
 from pipelines.resolve import case_inputs
 from pipelines.schema import HOST
@@ -22,12 +22,11 @@ from pipelines.stage import run_stage
 
 def main(name: str, device: str) -> None:
     inputs, build = case_inputs(name, "measure"), device_dir(name, device, "build")
-    reference = load_arrays(device_dir(name, HOST, "reference") / "outputs.npz")
     signature = Build.load(build).signature
     metrics = run_on_device(device, resolved_profile(device), build,
                             TrainingStep.load_initial(case_dir(name, "autodiff")),
                             synthetic_batch(signature, inputs.seed),
-                            [reference[n] for n in signature["outputs"]],
+                            Reference.load(device_dir(name, HOST, "reference")).ordered(signature),
                             inputs.benchmark.warmup, inputs.benchmark.steps)
     write_json_atomic(metrics_path("benchmark", f"{name}-{device}"), metrics)
     print(summary(metrics))

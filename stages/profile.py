@@ -10,9 +10,9 @@ import sys
 
 from pipelines.runtime.step import synthetic_batch
 from pipelines.evaluate.kernel_profile import kernel_profile, reference_outputs
-from pipelines.io import atomic_dir, save_arrays, write_json_atomic, write_manifest
+from pipelines.io import atomic_dir, write_json_atomic, write_manifest
 from pipelines.layout import case_dir, device_dir, metrics_path, resolved_case
-from pipelines.phases import Build, TrainingStep
+from pipelines.phases import Build, Reference, TrainingStep
 from pipelines.resolve import case_inputs
 from pipelines.schema import HOST
 from pipelines.stage import run_stage
@@ -23,7 +23,7 @@ def main(name: str) -> None:
     initial = TrainingStep.load_initial(case_dir(name, "autodiff"))
     batch = synthetic_batch(Build.load(build).signature, inputs.seed)
     with atomic_dir(device_dir(name, HOST, "reference")) as tmp:
-        save_arrays(tmp / "outputs.npz", reference_outputs(build, initial, batch))
+        Reference(reference_outputs(build, initial, batch)).save(tmp)
         write_manifest(tmp, f"profile@{name}", {"build": build,
                                                 "inputs": resolved_case(name, "measure")}, {})
     result = kernel_profile(build, initial, batch, inputs.benchmark.warmup,

@@ -1,5 +1,5 @@
 """Default CPU schedules: TVM 0.27's llvm pipeline leaves every kernel an unscheduled scalar loop
-on one thread (docs/tuning.md has what that cost). Without tuning, each kernel of the training
+on one thread (docs/tuning.md, "Default schedules", has what that cost). Without tuning, each kernel of the training
 step gets the same simple schedule:
 
 - inline what can be inlined (padding, elementwise producers, epilogues) into the main block,
@@ -38,7 +38,7 @@ from pipelines.kernels.softmax_nll import LOSS_KERNEL, schedule_softmax_nll_loss
 
 VECTOR = 16  # float32 lanes: two AVX2 registers, four NEON ones
 # A loop nest of fewer iterations than this runs on one thread: waking TVM's pool costs more
-# than splitting so little work saves (docs/tuning.md, "Threads").
+# than splitting so little work saves (docs/tuning.md, "Default schedules").
 SERIAL_WORK = 16384
 
 
@@ -107,13 +107,11 @@ def _erf(x, lanes: int):
                     tirx.Let(c2, c * c, c * numerator / denominator))
 
 
-# exp and erf of float32 on a CPU as polynomials LLVM vectorises. TVM's llvm rules call libm
-# once per vector lane: on 512x2048 floats (2 cores), exp took 0.96 ms that way and 0.45 ms
-# this way; sigmoid, which TVM lowers through exp, 1.47 and 0.41 ms; erf (GELU's) 9.07 and
-# 0.60 ms. A vectorised loop's exp is lowered on its vectors (TVM's rule has no vector form):
-# 0.19 ms, against 0.36 for the unrolled loop LLVM vectorised, whose loads it assembled lane by
-# lane. Every CPU build in a process that imports this module (see the environment above)
-# lowers them so, the tuning's candidates included: what is tuned is what is built.
+# exp and erf of float32 on a CPU as polynomials LLVM vectorises: TVM's llvm rules call libm
+# once per vector lane, several times slower (docs/tuning.md, "Vectorised exp and erf"). A
+# vectorised loop's exp is lowered on its vectors (TVM's rule has no vector form). Every CPU
+# build in a process that imports this module (see the environment above) lowers them so, the
+# tuning's candidates included: what is tuned is what is built.
 tirx.register_intrin_lowering("tirx.exp", target="llvm", f=_elementwise_float32(_exp), level=100)
 tirx.register_intrin_lowering("tirx.erf", target="llvm", f=_elementwise_float32(_erf), level=100)
 

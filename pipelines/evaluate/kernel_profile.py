@@ -70,7 +70,7 @@ def profile_step(step: CompiledStep, args, warmup: int,
 def reference_outputs(build, initial: dict, batch: tuple) -> dict[str, np.ndarray]:
     """The outputs of one step of the build in ``build`` from ``initial`` on ``batch`` (the
     loss, then each new state tensor), by output name: what another build of the same step
-    must give on the same arguments (evaluate/device.py)."""
+    must give on the same arguments (phases.Reference; evaluate/device.py)."""
     step = CompiledStep(build, initial)
     outputs = step.function(*step.arguments(*batch))
     return {name: value.numpy() for name, value in zip(step.signature["outputs"], outputs)}
