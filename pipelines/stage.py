@@ -30,7 +30,8 @@ def _record_reads(log: Path) -> None:
             return
         path, mode = os.path.abspath(os.fspath(args[0])), args[1]
         reading = "r" in mode if isinstance(mode, str) else not (args[2] & os.O_ACCMODE)
-        if reading and path.startswith(root + os.sep) and path not in seen:
+        if (reading and path.startswith(root + os.sep) and path not in seen
+                and not os.path.isdir(path)):  # a directory opened to list or remove it
             seen.add(path)
             with open(log, "a") as handle:  # our own write: not a read
                 handle.write(json.dumps({"cmd": command, "path": path}) + "\n")

@@ -136,10 +136,12 @@ needs_dvc = pytest.mark.skipif(shutil.which("dvc") is None or shutil.which("git"
 
 @pytest.fixture
 def repo(tmp_path):
-    """A git + DVC repository whose HEAD commits one evaluate metrics file."""
+    """A git + DVC repository whose HEAD commits one evaluate metrics file (with conf/ and
+    pipelines/, as `pock` takes a checkout to be)."""
     git(tmp_path, "init", "-q")
     subprocess.run(["dvc", "init", "-q"], cwd=tmp_path, check=True)
     (tmp_path / "dvc.yaml").write_text(f"metrics:\n  - {METRICS}\n")
+    (tmp_path / "conf").mkdir(), (tmp_path / "pipelines").mkdir()
     metrics = tmp_path / METRICS
     metrics.parent.mkdir(parents=True)
     metrics.write_text(json.dumps(BASELINE))
