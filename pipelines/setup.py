@@ -42,14 +42,13 @@ def setup(profiles, packaged: set[str]):
         if subprocess.call(["apt-get", "install", "-y", "-q", *packages]) != 0:
             raise ConfigError(f"apt-get could not install {packages} (root and Debian's "
                               "package registry needed)")
-    prepared = set()
+    said = set()
     for profile in profiles:
         if profile.target["kind"] == "cuda" and not shutil.which("nvcc"):
             yield (f"warning: {profile.name} compiles CUDA kernels with nvcc, which is not on "
                    "PATH (NVIDIA's CUDA toolkit; not installed by pock setup)")
         for runner in _runners(profile, packaged):
-            key = (runner.__name__, str(getattr(profile, runner.SECTION or "name", "")))
-            if hasattr(runner, "prepare") and key not in prepared:
-                prepared.add(key)
-                if (line := runner.prepare(profile)) is not None:
-                    yield line
+            line = runner.prepare(profile) if hasattr(runner, "prepare") else None
+            if line is not None and line not in said:  # each prepare is idempotent
+                said.add(line)
+                yield line

@@ -208,6 +208,26 @@ def test_packaged_image_names_bad_data(client, package, tmp_path):
 
 
 @pytest.mark.slow
+def test_packaged_image_stops_at_a_step_that_goes_nan(client, package, host_step, tmp_path):
+    """From a state whose classifier weight holds NaN (passed as --state), the first step's
+    loss is NaN: exit code 3 naming the step, and nothing written as if it had succeeded."""
+    from pipelines.runtime.step import initial_state
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir(), out.mkdir()
+    x, y = _batches(16)
+    np.savez(data / "train.npz", x=x, y=y)
+    signature = host_step.signature
+    state = initial_state(signature, host_step.initial)
+    head = next(n for n, s in signature["source_names"].items() if s == "classifier.1.weight")
+    state[head][0, 0] = np.nan
+    np.savez(data / "state.npz", **state)
+    code, logs = _run(client, package[0]["id"], ["--state", "/data/state.npz"], data, out)
+    assert code == 3 and "step 1: its loss is not finite" in logs, logs
+    assert not list(out.iterdir())
+
+
+@pytest.mark.slow
 def test_package_trial_runs_within_the_device_limits(package, host_step):
     """The stage's trial: the image as shipped fine-tunes within the profile's cores and memory
     and gives the build's losses; too little memory is a verdict, not a failure; an image this
