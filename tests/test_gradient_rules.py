@@ -272,8 +272,9 @@ def test_index_and_mask_paths_stay_out_of_the_gradient():
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
     labels = np.array([1, 2])
     params = [model.embed.weight, model.head.weight, model.head.bias]
+    lr = tvm.runtime.tensor(np.array(1.0, "float32"))  # the optimizer's learning rate: state
     out = vm["train_step"](tvm.runtime.tensor(ids.numpy()), tvm.runtime.tensor(labels),
-                           *[tvm.runtime.tensor(p.detach().numpy()) for p in params])
+                           *[tvm.runtime.tensor(p.detach().numpy()) for p in params], lr)
     loss = torch.nn.functional.cross_entropy(model(ids), torch.tensor(labels))
     loss.backward()
     assert float(out[0].numpy()) == pytest.approx(loss.item(), rel=1e-5)

@@ -150,6 +150,11 @@ def test_state_taken_out_is_exact_and_training_continues_in_torch(tmp_path, host
         np.testing.assert_array_equal(model.state_dict()[key].numpy(), value.numpy())
     names = dict(model.named_parameters())
     for state_name, info in compiled.optimizer_state.items():
+        if info["slot"] == "lr":  # a param_groups key
+            lrs = {group["lr"] for group in optimizer.optimizer.param_groups} if hasattr(
+                optimizer, "optimizer") else {group["lr"] for group in optimizer.param_groups}
+            assert lrs == {float(compiled.state[state_name].numpy())}
+            continue
         owners = [info["param"]] if info["param"] else compiled.signature["trainable"]
         for owner in owners:
             torch_name = compiled.signature["source_names"][owner]

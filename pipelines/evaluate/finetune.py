@@ -9,6 +9,7 @@ the compiled step scored).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,15 +50,33 @@ class Finetuned:
         return tensors if filename == "merged.safetensors" else None
 
 
+def learning_rate(lr: float, step: int, total: int, schedule: str, warmup: int) -> float:
+    """The learning rate of step ``step`` (from 0) of ``total``: ``lr``, or with ``schedule``
+    cosine, transformers' cosine schedule with warm-up: ``lr * step / warmup`` for the first
+    ``warmup`` steps, then ``lr * (1 + cos(pi * progress)) / 2`` down to 0 at the last."""
+    if schedule == "constant":
+        return lr
+    if step < warmup:
+        return lr * step / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def set_learning_rate(optimizer, lr: float) -> None:
+    """A torch.optim optimizer's (or ChannelSparse's) learning rate, for its next steps."""
+    for group in getattr(optimizer, "optimizer", optimizer).param_groups:
+        group["lr"] = lr
+
+
 @one_thread()  # PyTorch's accuracies then do not depend on the machine's core count
 def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, seed: int,
              lora=None, name: str = "case", checkpoints: Path | None = None,
              every: int = 50) -> Finetuned:
     """Fine-tune the step built in ``build`` from ``initial`` (values by Relax name) for
-    ``epochs`` on ``data``'s finetune split, PyTorch beside it; ``lora``: the scheme's LoRA
-    section, for its export. With ``checkpoints``, the run is saved there every ``every``
-    steps and at each epoch's end, and goes on from the last checkpoint there, if any
-    (checkpoints.py)."""
+    ``epochs`` on ``data``'s finetune split, PyTorch beside it, both at the learning rate the
+    model's ``finetune.lr_schedule`` gives each step; ``lora``: the scheme's LoRA section, for
+    its export. With ``checkpoints``, the run is saved there every ``every`` steps and at each
+    epoch's end, and goes on from the last checkpoint there, if any (checkpoints.py)."""
     compiled = CompiledStep(build, initial)
     signature = compiled.signature
     reference = torch_twin(model, signature, initial)
@@ -79,13 +98,18 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
         start = accuracy(reference, test_xs, test_y)
         at = Position(0, 0, [], [{"epoch": 0, "compiled": start, "pytorch": start}])
     losses, curve = at.losses, at.accuracy
+    total, tuning = epochs * (len(y) // batch), model.finetune
     for epoch in range(at.epoch, epochs):
         order = list(batches(len(y), batch, seed, epoch))
         first = len(losses) - (at.next if epoch == at.epoch else 0)
         for i in progress(range(at.next if epoch == at.epoch else 0, len(order)),
                           f"{name}: fine-tuning epoch {epoch + 1}/{epochs}"):
             step = step_batch(signature, *(a[order[i]] for a in xs), y[order[i]])
-            losses.append({"step": len(losses) + 1, "compiled": compiled.step(*step),
+            lr = learning_rate(optimizer.lr, len(losses), total, tuning.lr_schedule,
+                               tuning.warmup_steps)
+            compiled.set_lr(lr)
+            set_learning_rate(update, lr)
+            losses.append({"step": len(losses) + 1, "lr": lr, "compiled": compiled.step(*step),
                            "pytorch": train_step(reference, update, *step,
                                                  task=signature["task"])})
             if len(losses) == CHECKED_STEPS:

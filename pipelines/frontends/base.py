@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from pipelines.data import Data
 from pipelines.schema import Strict
@@ -26,6 +26,11 @@ class Pretrain(Strict):
 
 class Finetune(Strict):
     epochs: PositiveInt
+    # the learning rate over the run (evaluate/finetune.py: learning_rate): constant, or
+    # cosine decay to 0 after a linear warm-up of warmup_steps, as transformers' cosine
+    # schedule with warm-up
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: NonNegativeInt = 0
     # steps between checkpoints, from which a killed evaluate@ goes on (evaluate/checkpoints.py)
     checkpoint_every: PositiveInt = 100
 

@@ -61,6 +61,12 @@ class CompiledStep:
         self.steps += 1
         return float(outputs[0].numpy())
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next steps (a schedule's: the step takes it as state)."""
+        for name, info in self.optimizer_state.items():
+            if info["slot"] == "lr":
+                self.state[name] = tvm.runtime.tensor(np.array(lr, "float32"), self.device)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers under their names in the source (for ``load_state_dict``)."""
         names = self.signature["source_names"]
@@ -103,11 +109,14 @@ class CompiledStep:
         shared = {}
         for name, info in self.optimizer_state.items():
             value = torch.from_numpy(self.state[name].numpy())
-            if info["param"] is None:
+            if info["slot"] == "lr":  # a param_groups key, not state
+                for group in state["param_groups"]:
+                    group["lr"] = float(value)
+            elif info["param"] is None:
                 shared[info["torch"]] = value
             else:
                 per_param[index[info["param"]]][info["torch"]] = value
-        if self.optimizer_state:  # plain SGD has none
+        if any(info["slot"] != "lr" for info in self.optimizer_state.values()):
             # torch.optim increments each parameter's step count in place: one copy each.
             state["state"] = {i: slots | {k: v.clone() for k, v in shared.items()}
                               for i, slots in per_param.items()}
@@ -125,6 +134,8 @@ def initial_state(signature: dict, initial: dict[str, np.ndarray]) -> dict[str, 
             # A channel-sparse parameter's state holds only its selected channels.
             shape = info.get("shape", initial[info["param"]].shape if info["param"] else ())
             value = np.zeros(shape, "float32")
+            if info["slot"] == "lr":  # the configured learning rate, until a schedule sets it
+                value = np.array(signature["optimizer"]["kwargs"]["lr"], "float32")
         else:
             value = initial[name]
         state[name] = np.array(value, order="C")

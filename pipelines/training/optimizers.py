@@ -2,7 +2,8 @@
 (each class's docstring gives its update as plain arithmetic).
 
 An optimizer's state is explicit: per-parameter slots (named ``<slot>_<param>``) and global
-slots (a step counter) are inputs of the step, and their new values are outputs. Every update
+slots (a step counter; the learning rate, so that a schedule sets it each step without a new
+build) are inputs of the step, and their new values are outputs (the learning rate's, itself). Every update
 binding is named ``opt_<param>...`` so later passes (update reordering, the memory breakdown)
 can find the update of each parameter.
 """
@@ -41,10 +42,10 @@ class SGD:
 
     @property
     def global_slots(self) -> dict[str, str]:
-        return {}  # no state shared between parameters
+        return {"lr": "lr"}  # slot -> torch.optim's name (the lr is a param_groups key)
 
     def prepare(self, bb, state: dict) -> tuple[dict, dict]:
-        return {}, {}
+        return {"lr": state["lr"]}, {"lr": state["lr"]}
 
     def update(self, bb, name: str, w, g, state: dict, shared: dict):
         emit = _emitter(bb, name)
@@ -55,7 +56,7 @@ class SGD:
             b = emit(add(multiply(state["m"], _const(self.momentum, w)), g))
             new_state["m"] = b
             g = emit(add(g, multiply(b, _const(self.momentum, w)))) if self.nesterov else b
-        return emit(subtract(w, multiply(g, _const(self.lr, w)))), new_state
+        return emit(subtract(w, multiply(g, shared["lr"]))), new_state
 
     def torch_kwargs(self) -> dict:
         return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
@@ -86,27 +87,32 @@ class Adam:
 
     @property
     def global_slots(self) -> dict[str, str]:
-        return {"step": "step"}
+        return {"step": "step", "lr": "lr"}
 
     def prepare(self, bb, state: dict) -> tuple[dict, dict]:
-        """Emit the new step count and this step's bias-correction factors (float32 scalars)."""
+        """Emit the new step count and this step's bias-correction factors, and the decoupled
+        weight decay's factor (float32 scalars, from the step's learning rate)."""
         emit = _emitter(bb, "step")
         step = emit(add(state["step"], relax.const(1.0, "float32")))
         t = emit(astype(step, "float64"))
+        lr = emit(astype(state["lr"], "float64"))
 
         def correction(beta):
             return emit(subtract(relax.const(1.0, "float64"),
                                  power(relax.const(beta, "float64"), t)))
 
         c1, c2 = correction(self.beta1), correction(self.beta2)
-        step_size = emit(astype(divide(relax.const(self.lr, "float64"), c1), "float32"))
-        c2_sqrt = emit(astype(sqrt(c2), "float32"))
-        return {"step": step}, {"step_size": step_size, "c2_sqrt": c2_sqrt}
+        factors = {"step_size": emit(astype(divide(lr, c1), "float32")),
+                   "c2_sqrt": emit(astype(sqrt(c2), "float32"))}
+        if self.weight_decay and self.decoupled:
+            factors["decay"] = emit(astype(subtract(relax.const(1.0, "float64"), multiply(
+                lr, relax.const(self.weight_decay, "float64"))), "float32"))
+        return {"step": step, "lr": state["lr"]}, factors
 
     def update(self, bb, name: str, w, g, state: dict, shared: dict):
         emit = _emitter(bb, name)
         if self.weight_decay and self.decoupled:
-            w = emit(multiply(w, _const(1.0 - self.lr * self.weight_decay, w)))
+            w = emit(multiply(w, shared["decay"]))
         elif self.weight_decay:
             g = emit(add(g, multiply(w, _const(self.weight_decay, w))))
         m = emit(add(state["m"], multiply(subtract(g, state["m"]), _const(1 - self.beta1, w))))
