@@ -211,14 +211,14 @@ class Params(Strict):
                                      f"{sorted(table)}")
             model = self.models[case.model]
             if "finetune" in case.evaluate and (model.finetune is None or model.data is None
-                                                or model.data.kind == "tokens"):
+                                                or not KINDS[model.data.kind].TASKS):
                 raise ValueError(f"cases.{name}.evaluate has finetune, but model {case.model!r} "
                                  "has no fine-tuning task (finetune: and data with a test split)")
-            if "finetune" in case.evaluate and model.task != "classification":
-                # fine-tuning scores test accuracy: one class per example
+            tasks = KINDS[model.data.kind].TASKS if model.data else ()
+            if "finetune" in case.evaluate and model.task not in tasks:
                 raise ValueError(f"cases.{name}.evaluate has finetune, but model {case.model!r} "
-                                 f"has task {model.task!r}; finetune scores classification "
-                                 "models; allowed evaluate for it: ['speed']")
+                                 f"has task {model.task!r} and its data (kind "
+                                 f"{model.data.kind!r}) labels for {list(tasks)}")
         for name in self.deploy:
             if name not in self.cases:
                 raise ValueError(f"deploy names {name!r}; allowed: {sorted(self.cases)}")

@@ -3,16 +3,19 @@
 run; fine-tuning on the model's data, PyTorch beside it.
 
 Output: artifacts/metrics/evaluate/<case>.json (DVC metrics: what the scheme removes, the plan,
-speed, fine-tuning); artifacts/metrics/curves/<case>-{loss,accuracy}.json (DVC plots: per step
+speed, fine-tuning); artifacts/metrics/curves/<case>-{loss,eval}.json (DVC plots: per step
 and per epoch, compiled and PyTorch; empty without fine-tuning); artifacts/cases/<case>/
 evaluate/: weights.safetensors (the fine-tuned weights, by the source's names),
-optimizer.safetensors (its state as torch.optim's: frontends/weights.py, load_optimizer_state), a LoRA scheme's export, and for a transformers model pretrained/
-(the fine-tuned model, LoRA merged, as a directory from_pretrained loads).
+optimizer.safetensors (its state as torch.optim's: frontends/weights.py, load_optimizer_state),
+a LoRA scheme's export, and for a transformers model what its tools load (pipelines/exports):
+pretrained/ (from_pretrained, LoRA merged, the data's tokenizer beside it), a LoRA case's PEFT
+adapter/, a LLaMA or Qwen2 causal LM's model.gguf.
 """
 import shutil
 import sys
 
 from pipelines.data import FILE
+from pipelines.data.tokenizer import DIRECTORY
 from pipelines.evaluate.case import evaluate_case, save_finetuned
 from pipelines.io import atomic_dir, load_arrays, read_json, write_json_atomic, write_manifest
 from pipelines.layout import (case_dir, checkpoint_dir, device_dir, metrics_path, model_dir,
@@ -34,7 +37,9 @@ def main(name: str) -> None:
         Build.load(build).plan, checkpoint_dir(name))
     with atomic_dir(case_dir(name, "evaluate")) as tmp:
         if result.finetuned is not None:
-            save_finetuned(result.finetuned, inputs.model, tmp)
+            tokenizer = model_dir(inputs.model_name, "data") / DIRECTORY
+            save_finetuned(result.finetuned, inputs.model, tmp,
+                           tokenizer if tokenizer.is_dir() else None)
         write_manifest(tmp, f"evaluate@{name}", {"build": build,
                                                  "inputs": resolved_case(name, "evaluate")}, {})
     write_json_atomic(metrics_path("evaluate", name), result.metrics)

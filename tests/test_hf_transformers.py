@@ -354,7 +354,7 @@ def test_bert_fine_tunes_on_text_data_with_its_inputs_bound_by_name(tmp_path, ho
 
     data_cfg = Sentences(kind="sentences", seq_len=SEQ, train_sentences=8, test_sentences=8)
     model = hf_model("bert", data=data_cfg, config={"vocab_size": 30522})
-    data = make_data(data_cfg, 0)
+    data = make_data(data_cfg, 0).arrays
     assert (data["finetune_train_attention_mask"] == 0).any()  # padded sentences
     torch.manual_seed(0)
     compiled = compile(model, FULL, OPT, host_profile, tmp_path / "build")

@@ -53,7 +53,8 @@ def test_tokens_are_the_models_vocabulary_with_cls_sep_and_padding():
     ("cases.minilm_lora.model=llama_tiny",
      "cases.minilm_lora.evaluate has finetune, but model 'llama_tiny' has no fine-tuning task"),
     ("models.minilm.task=regression",
-     "cases.minilm_full.evaluate has finetune, but model 'minilm' has task 'regression'"),
+     "cases.minilm_full.evaluate has finetune, but model 'minilm' has task 'regression' and its "
+     "data (kind 'sentences') labels for ['classification']"),
     ("models.minilm.task=translation", "models.minilm.task='translation'"),
     ("cases.minilm_lora.model=bert", "cases.minilm_lora.model='bert'; allowed: "),
     ("cases.minilm_lora.scheme=minilm_papr", "cases.minilm_lora.scheme='minilm_papr'; allowed: "),
@@ -96,14 +97,14 @@ def test_a_small_lora_run_fine_tunes_beside_pytorch_and_checks_its_export(tiny_t
     compiled = build_case(tiny_task, "minilm_lora", optimizer=optimizer)
     # Two layers x query and value x (A, B) at rank 8 on 384 features, plus the 2-class head.
     assert compiled.report["pruned"]["trainable_elements"] == 2 * 2 * 2 * 8 * 384 + 384 * 2 + 2
-    data = make_data(model.data, tiny_task.seed)
+    data = make_data(model.data, tiny_task.seed).arrays
     assert data["finetune_train_x"].shape == (16, 32) and data["finetune_test_x"].shape == (24, 32)
     run = finetune(model, compiled.directory, compiled.initial, optimizer, data,
                    model.finetune.epochs, tiny_task.seed, lora, "minilm_lora")
     assert run.metrics["steps"] == 2 and run.metrics["epochs"] == 1
     assert run.metrics["max_abs_loss_difference"] < 1e-3
     assert [r["step"] for r in run.losses] == [1, 2]
-    assert [r["epoch"] for r in run.accuracy] == [0, 1]
+    assert [r["epoch"] for r in run.evaluations] == [0, 1]
     # finetune reloaded the export as a user would and checked it scores what the step scored.
     filename, state = run.export
     if export == "merged":

@@ -2,7 +2,8 @@
 digits (real), the synthetic text task, synthetic tokens.
 
 A data kind is a module here, registered in KINDS (pipelines/registry.py): its ``Config`` (the
-section, tagged by ``kind``) and ``make(cfg, seed) -> {name: array}``. Every kind gives arrays named
+section, tagged by ``kind``) and ``make(cfg, seed, source) -> Dataset`` (or just its arrays;
+``source``: what it may need of the model). Every kind gives arrays named
 ``<split>_x`` (the model's first input) and ``<split>_y`` (labels), and a text kind the columns
 a model with several inputs takes by name, ``<split>_attention_mask`` and
 ``<split>_token_type_ids``; the splits that fine-tuning reads are ``finetune_train`` and
@@ -12,17 +13,45 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import dataclass, field
+from pathlib import Path
+
 from pipelines.registry import entries, tagged_union
 from pipelines.schema import ConfigError
 
-KINDS = entries(__name__, ("digits", "sentences", "tokens"), "kind")
+
+@dataclass
+class Source:
+    """What a data kind may need of the model it feeds (frontends: data_source): the
+    directory of its tokenizer and preprocessing settings, its vocabulary's size, its
+    config (image size, normalization)."""
+
+    directory: Path | None = None
+    vocabulary: int | None = None
+    config: dict = field(default_factory=dict)
+
+
+@dataclass
+class Dataset:
+    """A data kind's result: its arrays; the tokenizer its text was read with (saved beside
+    the arrays and the fine-tuned model); the user's files it read (the data stage records
+    their hashes)."""
+
+    arrays: dict[str, np.ndarray]
+    tokenizer: object = None  # a data/tokenizer.py Tokenizer
+    files: list[Path] = field(default_factory=list)
+
+
+KINDS = entries(__name__, ("digits", "sentences", "tokens", "text", "jsonl", "csv_file",
+                           "images"), "kind")
 Data = tagged_union(KINDS, "kind")  # a model's data section
 FILE = "data.npz"
 
 
-def make_data(cfg, seed: int) -> dict[str, np.ndarray]:
-    """The arrays of ``cfg`` (a data section), seeded."""
-    return KINDS[cfg.kind].make(cfg, seed)
+def make_data(cfg, seed: int, source: Source | None = None) -> Dataset:
+    """What ``cfg`` (a data section) gives, seeded, for a model (``source``)."""
+    made = KINDS[cfg.kind].make(cfg, seed, source or Source())
+    return made if isinstance(made, Dataset) else Dataset(made)
 
 
 def split(data: dict, name: str, inputs: list[str] | None = None) -> tuple[list, np.ndarray]:

@@ -15,6 +15,8 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from pipelines.schema import ConfigError, Strict
 
 
+TASKS = ("classification",)  # the tasks its labels are for (fine-tuning checks it)
+
 class Config(Strict):
     """models.<name>.data with kind digits."""
 
@@ -26,7 +28,7 @@ class Config(Strict):
     test_fraction: Annotated[float, Field(gt=0, lt=1)]
 
 
-def make(cfg: Config, seed: int) -> dict[str, np.ndarray]:
+def make(cfg: Config, seed: int, source=None) -> dict[str, np.ndarray]:
     """The splits: {pretrain,finetune}_{train,test}_{x,y}."""
     import torch
     from sklearn.datasets import load_digits

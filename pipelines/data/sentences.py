@@ -21,6 +21,8 @@ from pydantic import PositiveInt
 from pipelines.schema import ConfigError, Strict
 
 
+TASKS = ("classification",)  # the tasks its labels are for (fine-tuning checks it)
+
 class Config(Strict):
     """models.<name>.data with kind sentences."""
 
@@ -96,7 +98,7 @@ def tokenize(texts: list[str], seq_len: int) -> np.ndarray:
     return np.array([e.ids for e in encodings], dtype=np.int64)
 
 
-def make(cfg, seed: int) -> dict[str, np.ndarray]:
+def make(cfg, seed: int, source=None) -> dict[str, np.ndarray]:
     """The text task's splits (pipelines/config.py: Sentences), tokenized."""
     splits = {}
     for split, count in (("train", cfg.train_sentences), ("test", cfg.test_sentences)):

@@ -10,6 +10,8 @@ from pydantic import PositiveInt
 from pipelines.schema import Strict
 
 
+TASKS = ()  # timing only: random labels teach nothing  # the tasks its labels are for (fine-tuning checks it)
+
 class Config(Strict):
     """models.<name>.data with kind tokens."""
 
@@ -19,7 +21,7 @@ class Config(Strict):
     examples: PositiveInt
 
 
-def make(cfg: Config, seed: int) -> dict[str, np.ndarray]:
+def make(cfg: Config, seed: int, source=None) -> dict[str, np.ndarray]:
     """``cfg.examples`` sequences of ``cfg.seq_len`` tokens, and per token a label drawn the
     same way."""
     rng = np.random.default_rng(seed)

@@ -33,27 +33,59 @@ class Evaluation:
 
     @property
     def curves(self) -> dict[str, list]:
-        """The DVC plots: per step the losses, per epoch the accuracies (empty lists for a
-        case not fine-tuned)."""
+        """The DVC plots: per step the losses, per evaluation the held-out scores (empty lists
+        for a case not fine-tuned)."""
         tuned = self.finetuned
-        return {"loss": tuned.losses if tuned else [], "accuracy": tuned.accuracy if tuned else []}
+        return {"loss": tuned.losses if tuned else [],
+                "eval": tuned.evaluations if tuned else []}
 
 
-def save_finetuned(tuned: Finetuned, model, directory: Path) -> None:
+def save_finetuned(tuned: Finetuned, model, directory: Path, tokenizer: Path | None = None
+                   ) -> None:
     """The fine-tuned weights (by the source's names), the optimizer's state as torch.optim's
-    (safetensors: frontends/weights.py, load_optimizer_state),
-    a LoRA scheme's export, and for a transformers model the model as from_pretrained loads it
-    (pretrained/, LoRA merged)."""
+    (safetensors: frontends/weights.py, load_optimizer_state), a LoRA scheme's export, and for
+    a transformers model what its tools load (save_transformers); ``tokenizer``, the data's
+    (a save_pretrained directory), saved with it."""
     from pipelines.frontends.weights import save_optimizer_state, save_weights
 
     save_weights(tuned.weights, directory / "weights.safetensors")
     save_optimizer_state(tuned.optimizer_state, directory / "optimizer.safetensors")
     if tuned.export is not None:
         save_weights(tuned.export[1], directory / tuned.export[0])
-    if model.frontend == "transformers" and tuned.plain_weights is not None:
-        from pipelines.frontends.transformers import save_pretrained
+    if model.frontend == "transformers":
+        save_transformers(tuned, model, directory, tokenizer)
 
-        save_pretrained(model, tuned.plain_weights, directory / "pretrained")
+
+def save_transformers(tuned: Finetuned, model, directory: Path, tokenizer: Path | None) -> None:
+    """pretrained/ (from_pretrained, LoRA merged, the tokenizer beside it), a LoRA case's
+    PEFT adapter/ (with base/, the frozen model, where the source has no weights), and a
+    LLaMA or Qwen2 causal LM's model.gguf (pipelines/exports)."""
+    import shutil
+
+    from pipelines.exports.gguf_file import ARCHITECTURES, save_gguf
+    from pipelines.exports.peft_adapter import save_adapter
+    from pipelines.frontends.transformers import (class_of, config_of, has_weights,
+                                                  pretrained_module, save_pretrained)
+    from pipelines.io import ROOT
+    from pipelines.models.torch_lora import SUFFIXES
+
+    plain = tuned.plain_weights
+    save_pretrained(model, plain, directory / "pretrained")
+    if tokenizer is not None:
+        shutil.copytree(tokenizer, directory / "pretrained", dirs_exist_ok=True)
+    signature = tuned.step.signature
+    lora = signature.get("lora")
+    if lora is not None:
+        frozen = {k: v for k, v in tuned.weights.items() if not k.endswith(SUFFIXES)}
+        if not has_weights(ROOT / model.source):
+            save_pretrained(model, frozen, directory / "base")
+        save_adapter(pretrained_module(model, frozen), tuned.weights, lora["rank"],
+                     lora["rank"] * lora["scale"], list(selection_of(signature)),
+                     signature["task"], model.source, directory / "adapter")
+    config = config_of(model)
+    architecture = class_of(model, config).__name__
+    if architecture in ARCHITECTURES:
+        save_gguf(config, architecture, plain, tokenizer, directory / "model.gguf")
 
 
 def batch_for(signature: dict, model, data: dict | None, seed: int) -> tuple[np.ndarray, ...]:

@@ -4,7 +4,7 @@ point and run again ends with the same weights as one that was never interrupted
 
 A checkpoint holds the compiled step's state (weights, buffers, optimizer state), PyTorch's
 reference model and its optimizer state, PyTorch's random state, and the run's position and
-record (the epoch, the next batch, the losses and accuracies so far). The batches' order is a
+record (the epoch, the next batch, the losses and held-out evaluations so far). The batches' order is a
 function of the seed and the epoch (models/pytorch.py: batches), so the position says which
 batch comes next. Nothing in it is a pickle.
 """
@@ -29,7 +29,7 @@ class Position:
     epoch: int  # the epoch in progress
     next: int  # the index of its next batch
     losses: list[dict]
-    accuracy: list[dict]
+    evaluations: list[dict]
 
 
 def save(directory: Path, position: Position, compiled, reference: torch.nn.Module,
@@ -42,7 +42,7 @@ def save(directory: Path, position: Position, compiled, reference: torch.nn.Modu
         save_optimizer_state(optimizer.state_dict(), tmp / OPTIMIZER)
         write_json_atomic(tmp / PROGRESS, {"epoch": position.epoch, "next": position.next,
                                            "losses": position.losses,
-                                           "accuracy": position.accuracy,
+                                           "evaluations": position.evaluations,
                                            "steps": compiled.steps})
 
 
@@ -62,4 +62,4 @@ def restore(directory: Path, compiled, reference: torch.nn.Module, optimizer) ->
     reference.load_state_dict(state, strict=False)
     optimizer.load_state_dict(load_optimizer_state(Path(directory) / OPTIMIZER))
     return Position(progress["epoch"], progress["next"], progress["losses"],
-                    progress["accuracy"])
+                    progress["evaluations"])

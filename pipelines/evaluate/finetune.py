@@ -19,20 +19,25 @@ import torch
 from pipelines.data import split
 from pipelines.evaluate.checkpoints import Position, restore, save
 from pipelines.frontends.twin import step_batch, torch_twin
-from pipelines.models.pytorch import accuracy, batches, make_optimizer, one_thread, train_step
+from pipelines.models.pytorch import batches, make_optimizer, one_thread, score, train_step
 from pipelines.models.torch_lora import adapter_state, merged_state
 from pipelines.progress import progress
 from pipelines.runtime.step import CompiledStep, selection_of
 from pipelines.schema import ConfigError
 
 CHECKED_STEPS, LOSS_RTOL = 2, 1e-4
+# What held-out examples are scored by, per task (models/pytorch.py: score).
+METRIC = {"classification": "accuracy", "causal_lm": "held_out_loss",
+          "masked_lm": "held_out_loss", "regression": "held_out_loss"}
 
 
 @dataclass
 class Finetuned:
     metrics: dict
     losses: list[dict]  # per step: compiled and pytorch loss
-    accuracy: list[dict]  # per epoch (0: before): compiled and pytorch test accuracy
+    # per evaluation (each epoch's end, 0 before, and every finetune.eval_every steps): the
+    # held-out score of each side (METRIC: accuracy, or the held-out loss)
+    evaluations: list[dict]
     step: CompiledStep
     weights: dict[str, torch.Tensor]  # the compiled step's, by the source's names
     # its optimizer state as a torch.optim state dict, to go on training in PyTorch
@@ -41,13 +46,14 @@ class Finetuned:
     export: tuple[str, dict] | None  # a LoRA scheme's export: (file name, tensors)
 
     @property
-    def plain_weights(self) -> dict[str, torch.Tensor] | None:
-        """The fine-tuned model without adapters (a LoRA scheme's merged in), or None where
-        the export keeps the adapters apart."""
-        if self.export is None:
+    def plain_weights(self) -> dict[str, torch.Tensor]:
+        """The fine-tuned model without adapters (a LoRA scheme's merged in)."""
+        lora = self.step.signature.get("lora")
+        if lora is None:
             return self.weights
-        filename, tensors = self.export
-        return tensors if filename == "merged.safetensors" else None
+        if self.export[0] == "merged.safetensors":
+            return self.export[1]
+        return merged_state(self.weights, lora["scale"])
 
 
 def learning_rate(lr: float, step: int, total: int, schedule: str, warmup: int) -> float:
@@ -90,15 +96,22 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
         raise ConfigError(f"params.yaml: models.<model>.batch_size={batch}: the fine-tuning split "
                           f"has {len(y)} training examples, fewer than one batch; lower it, or "
                           "give the data more examples")
+    task, tuning = signature["task"], model.finetune
+
+    def evaluation(epoch: int, step: int) -> dict:
+        """Both sides scored on the held-out split (``score``: accuracy, or loss)."""
+        return {"epoch": epoch, "step": step, "metric": METRIC[task],
+                "compiled": score(compiled.load_into(evaluator), test_xs, test_y, task),
+                "pytorch": score(reference, test_xs, test_y, task)}
+
     at = checkpoints and restore(checkpoints, compiled, reference, update)
     if at:
         print(f"{name}: going on from step {len(at.losses)} (epoch {at.epoch + 1}, batch "
               f"{at.next + 1}), the checkpoint in {checkpoints}", flush=True)
     else:
-        start = accuracy(reference, test_xs, test_y)
-        at = Position(0, 0, [], [{"epoch": 0, "compiled": start, "pytorch": start}])
-    losses, curve = at.losses, at.accuracy
-    total, tuning = epochs * (len(y) // batch), model.finetune
+        at = Position(0, 0, [], [evaluation(0, 0)])
+    losses, curve = at.losses, at.evaluations
+    total = epochs * (len(y) // batch)
     for epoch in range(at.epoch, epochs):
         order = list(batches(len(y), batch, seed, epoch))
         first = len(losses) - (at.next if epoch == at.epoch else 0)
@@ -110,31 +123,31 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
             compiled.set_lr(lr)
             set_learning_rate(update, lr)
             losses.append({"step": len(losses) + 1, "lr": lr, "compiled": compiled.step(*step),
-                           "pytorch": train_step(reference, update, *step,
-                                                 task=signature["task"])})
+                           "pytorch": train_step(reference, update, *step, task=task)})
+            if tuning.eval_every and len(losses) % tuning.eval_every == 0 and i + 1 < len(order):
+                curve.append(evaluation(epoch + (i + 1) / len(order), len(losses)))
             if len(losses) == CHECKED_STEPS:
                 check_first_losses(name, *([r[side] for r in losses]
                                            for side in ("compiled", "pytorch")))
             if checkpoints and len(losses) % every == 0 and i + 1 < len(order):
                 save(checkpoints, Position(epoch, i + 1, losses, curve), compiled, reference,
                      update)
-        curve.append({"epoch": epoch + 1,
-                      "compiled": accuracy(compiled.load_into(evaluator), test_xs, test_y),
-                      "pytorch": accuracy(reference, test_xs, test_y)})
+        curve.append(evaluation(epoch + 1, len(losses)))
         if checkpoints:
             save(checkpoints, Position(epoch + 1, 0, losses, curve), compiled, reference, update)
         last = losses[first:]
         print(f"{name} epoch {epoch + 1}: loss compiled "
               f"{np.mean([r['compiled'] for r in last]):.4f} pytorch "
-              f"{np.mean([r['pytorch'] for r in last]):.4f}; accuracy compiled "
-              f"{curve[-1]['compiled']:.3f} pytorch {curve[-1]['pytorch']:.3f}", flush=True)
-    start = curve[0]["compiled"]
+              f"{np.mean([r['pytorch'] for r in last]):.4f}; held-out {METRIC[task]} compiled "
+              f"{curve[-1]['compiled']:.4f} pytorch {curve[-1]['pytorch']:.4f}", flush=True)
     last = losses[-(len(y) // batch):]
+    held_out = {f"{METRIC[task]}_before": curve[0]["compiled"],
+                **{f"{METRIC[task]}_{side}": curve[-1][side] for side in ("compiled", "pytorch")}}
+    if task in ("causal_lm", "masked_lm"):  # a language model is read by its perplexity
+        held_out |= {f"perplexity_{side}": math.exp(curve[-1][side])
+                     for side in ("compiled", "pytorch")}
     metrics = {
-        "steps": len(losses), "epochs": epochs,
-        "accuracy_before": start,
-        "accuracy_compiled": curve[-1]["compiled"],
-        "accuracy_pytorch": curve[-1]["pytorch"],
+        "steps": len(losses), "epochs": epochs, **held_out,
         "final_epoch_loss_compiled": float(np.mean([r["compiled"] for r in last])),
         "final_epoch_loss_pytorch": float(np.mean([r["pytorch"] for r in last])),
         "max_abs_loss_difference": float(max(abs(r["compiled"] - r["pytorch"])
@@ -146,7 +159,7 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     if lora is not None:
         export = lora_export(weights, lora, selection_of(signature))
         check_export(model, signature, initial, export, test_xs, test_y,
-                     metrics["accuracy_compiled"], name)
+                     curve[-1]["compiled"], name)
     return Finetuned(metrics, losses, curve, compiled, weights, optimizer_state, export)
 
 
@@ -167,11 +180,16 @@ def lora_export(weights: dict, lora, trained: dict) -> tuple[str, dict]:
 
 def check_export(model, signature: dict, initial: dict, export: tuple[str, dict], xs, y,
                  expected: float, name: str) -> None:
-    """The export, loaded as a user would, scores what the compiled step scored."""
+    """The export, loaded as a user would, scores what the compiled step scored: the same
+    accuracy but for one example's prediction flipping on rounding, or the same held-out loss
+    to 1e-4."""
     filename, tensors = export
     net = torch_twin(model, signature, initial, adapters=filename != "merged.safetensors")
     net.load_state_dict(tensors, strict=False)
-    score = accuracy(net, xs, y)
-    if abs(score - expected) > 1.5 / len(y):  # one example's prediction may flip on rounding
-        raise RuntimeError(f"{name}: its export {filename} scores {score}, the compiled "
-                           f"step's weights {expected}")
+    task = signature["task"]
+    got = score(net, xs, y, task)
+    off = abs(got - expected) > (1.5 / len(y) if task == "classification"
+                                 else 1e-4 * abs(expected))
+    if off:
+        raise RuntimeError(f"{name}: its export {filename} scores {got}, the compiled step's "
+                           f"weights {expected} (held-out {METRIC[task]})")

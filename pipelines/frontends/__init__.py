@@ -14,6 +14,11 @@ A frontend is a module here, registered in FRONTENDS (pipelines/registry.py), wi
                                  weights stage's directory; a one-line summary
     lower(model, imported) -> (main, names, origins, values)
                                  the imported files as Relax (the lower stage)
+optionally
+    data_source(model) -> pipelines.data.Source
+                                 what the model's data kinds read of it (its tokenizer's
+                                 directory, vocabulary size, image preprocessing; default: the
+                                 ``kwargs`` vocab and image_size of a model file)
 and, for a model PyTorch trains (``Config.in_pytorch``: its twin, pre-training, the peers),
     load_module(model) -> (nn.Module, example inputs by forward's names)
 The frontends: a PyTorch model file or torch.export program (torch_module.py; exported with
@@ -48,6 +53,18 @@ def lower_model(model, imported: Path):
     verified_dir(imported)  # the frontends read their files themselves
     main, names, origins, values = FRONTENDS[model.frontend].lower(model, Path(imported))
     return Lowered(main, names, origins, values, read_json(Path(imported) / LAYERS))
+
+
+def data_source(model):
+    """What the model's data kinds may read of it (pipelines/data: Source)."""
+    from pipelines.data import Source
+
+    own = getattr(FRONTENDS[model.frontend], "data_source", None)
+    if own is not None:
+        return own(model)
+    kwargs = getattr(model, "kwargs", {})
+    return Source(vocabulary=kwargs.get("vocab") or kwargs.get("vocab_size"),
+                  config={k: kwargs[k] for k in ("image_size",) if k in kwargs})
 
 
 def load_module(model):

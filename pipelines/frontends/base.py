@@ -31,6 +31,8 @@ class Finetune(Strict):
     # schedule with warm-up
     lr_schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: NonNegativeInt = 0
+    # held-out scores every this many steps too (each epoch's end always)
+    eval_every: PositiveInt | None = None
     # steps between checkpoints, from which a killed evaluate@ goes on (evaluate/checkpoints.py)
     checkpoint_every: PositiveInt = 100
 

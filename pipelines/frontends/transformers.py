@@ -1,8 +1,8 @@
 """Hugging Face ``transformers`` models as users keep them: ``source`` is a local directory as
 ``save_pretrained`` writes it (config.json and safetensors weights: a downloaded model), or a
 directory or config.json with the config alone (random initialisation, seeded by the caller).
-``architecture`` names the class, e.g. ``LlamaForCausalLM`` (default: the config's own
-``architectures``), and ``config`` overrides keys of config.json (``num_labels``, a smaller
+``architecture`` names the class, e.g. ``LlamaForCausalLM``, or an ``AutoModel*`` class for
+the config's family (``AutoModelForCausalLM``; default: the config's own ``architectures``), and ``config`` overrides keys of config.json (``num_labels``, a smaller
 ``num_hidden_layers``); a head the checkpoint lacks starts from its seeded initialisation, as
 ``from_pretrained`` does.
 
@@ -21,6 +21,7 @@ The frontend ``transformers`` (pipelines/frontends/__init__.py).
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -98,6 +99,21 @@ def config_of(model):
     return config
 
 
+def data_source(model):
+    """The model directory's tokenizer, the config's vocabulary size, and its image
+    preprocessing (preprocessor_config.json, and the config's image_size)."""
+    from pipelines.data import Source
+
+    config = config_of(model)
+    path = ROOT / model.source
+    directory = path if path.is_dir() else path.parent
+    preprocessor = directory / "preprocessor_config.json"
+    settings = json.loads(preprocessor.read_text()) if preprocessor.is_file() else {}
+    if getattr(config, "image_size", None):
+        settings.setdefault("image_size", config.image_size)
+    return Source(directory, getattr(config, "vocab_size", None), settings)
+
+
 def class_of(model, config) -> type:
     """The transformers class ``architecture`` (or the config's ``architectures``) names."""
     transformers = _library()
@@ -106,6 +122,12 @@ def class_of(model, config) -> type:
         raise ConfigError(f"{model.source}: the config names no architecture; set "
                           "models.<name>.architecture, e.g. LlamaForSequenceClassification")
     cls = getattr(transformers, name, None)
+    if name.startswith("AutoModel") and cls is not None:  # the config's family's class
+        try:
+            cls = cls._model_mapping[type(config)]
+        except KeyError:
+            raise ConfigError(f"models.<name>.architecture={name}: {type(config).__name__} "
+                              f"has no such class") from None
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         family = name.split("For")[0]
         near = sorted(n for n in dir(transformers) if n.startswith(family) and "For" in n)
@@ -197,10 +219,10 @@ def load_module(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     return _logits_only(module.train(), names), example_inputs(model, config, names)
 
 
-def save_pretrained(model, state: dict[str, torch.Tensor], directory: Path) -> None:
-    """``state`` (the step's weights by the model's names) into ``directory`` as a checkpoint
-    ``from_pretrained`` loads: config.json (the config the step was built with) and
-    model.safetensors."""
+def pretrained_module(model, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The model's transformers class holding ``state`` (the step's weights by the model's
+    names; a tied head, GPT-2's or BERT's, is one tensor of the step, one name), to be saved:
+    built on the meta device, so buffers that are not saved (rotary frequencies) stay unset."""
     import torch
 
     config = config_of(model)
@@ -208,9 +230,16 @@ def save_pretrained(model, state: dict[str, torch.Tensor], directory: Path) -> N
     with torch.device("meta"):
         module = cls(config)
     module.load_state_dict(state, strict=False, assign=True)
-    module.tie_weights()  # a tied head (GPT-2's, BERT's) is one tensor of the step, one name
+    module.tie_weights()
     missing = [n for n, p in module.state_dict().items() if p.is_meta]
     if missing:
         raise KeyError(f"the fine-tuned state holds no value for {missing[:5]}")
     module.config.architectures = [cls.__name__]
-    module.save_pretrained(str(directory))
+    return module.eval()
+
+
+def save_pretrained(model, state: dict[str, torch.Tensor], directory: Path) -> None:
+    """``state`` (the step's weights by the model's names) into ``directory`` as a checkpoint
+    ``from_pretrained`` loads: config.json (the config the step was built with) and
+    model.safetensors."""
+    pretrained_module(model, state).save_pretrained(str(directory))

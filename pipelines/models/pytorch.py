@@ -162,6 +162,42 @@ def accuracy(model: torch.nn.Module, inputs: list[np.ndarray], labels: np.ndarra
     return correct / max(1, len(labels))
 
 
+@torch.no_grad()
+def held_out_loss(model: torch.nn.Module, inputs: list[np.ndarray], labels: np.ndarray,
+                  task: str, batch: int = 64) -> float:
+    """The ``task``'s loss over held-out examples (the model in eval mode), averaged over every
+    label that scores (each token of a language model's), as one batch of them all would be."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(labels), batch):
+        output = model(*_tensors([x[i:i + batch] for x in inputs]))
+        y = torch.from_numpy(np.ascontiguousarray(labels[i:i + batch]))
+        if task == "regression":
+            total += float(torch.nn.functional.mse_loss(output, y, reduction="sum"))
+            count += y.numel()
+            continue
+        if task == "causal_lm":  # position t predicts token t+1
+            output, y = output[:, :-1], y[:, 1:]
+        output = output.reshape(-1, output.shape[-1]) if task != "classification" else output
+        y = y.flatten()
+        total += float(torch.nn.functional.cross_entropy(output, y, ignore_index=IGNORE_INDEX,
+                                                         reduction="sum"))
+        count += int((y != IGNORE_INDEX).sum())
+    model.train(was_training)
+    return total / max(1, count)
+
+
+def score(model: torch.nn.Module, inputs: list[np.ndarray], labels: np.ndarray,
+          task: str) -> float:
+    """How well ``model`` does on held-out examples: a classifier's accuracy (higher is
+    better), else the task's held-out loss (lower is better; a language model's perplexity is
+    its exponential)."""
+    if task == "classification":
+        return accuracy(model, inputs, labels)
+    return held_out_loss(model, inputs, labels, task)
+
+
 def batches(n: int, batch: int, seed: int, epoch: int):
     """Index batches of one epoch, shuffled reproducibly; the last partial batch is dropped
     because the compiled step has a static batch size."""

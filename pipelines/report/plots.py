@@ -85,14 +85,15 @@ def memory_svg(rows: list[dict]) -> str:
     return _svg(fig)
 
 
-def finetune_svg(loss: list[dict], accuracy: list[dict]) -> str:
+def finetune_svg(loss: list[dict], evaluations: list[dict]) -> str:
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
     for key, style in (("pytorch", "--"), ("compiled", "-")):
         left.plot([r["step"] for r in loss], [r[key] for r in loss], style, label=key)
-        right.plot([r["epoch"] for r in accuracy], [r[key] for r in accuracy], style + "o",
-                   label=key)
+        right.plot([r["epoch"] for r in evaluations], [r[key] for r in evaluations],
+                   style + "o", label=key)
+    metric = evaluations[0].get("metric", "accuracy").replace("_", " ")
     left.set(xlabel="step", ylabel="loss", title="Fine-tuning loss")
-    right.set(xlabel="epoch", ylabel="accuracy", title="Test accuracy, new classes")
+    right.set(xlabel="epoch", ylabel=metric, title=f"Held-out {metric}")
     left.legend()
     right.legend()
     return _svg(fig)
@@ -105,6 +106,6 @@ def write_plots(out: Path, found: dict, deploy: list) -> None:
     write_text_atomic(out / "latency.svg", latency_svg(latency))
     write_text_atomic(out / "memory.svg", memory_svg(memory))
     for case in deploy:
-        loss, accuracy = found["curves"][case]
+        loss, evaluations = found["curves"][case]
         if loss:
-            write_text_atomic(out / f"finetune-{case}.svg", finetune_svg(loss, accuracy))
+            write_text_atomic(out / f"finetune-{case}.svg", finetune_svg(loss, evaluations))

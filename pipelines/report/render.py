@@ -36,7 +36,7 @@ def load(metrics: Path, cases: dict, deploy: list, devices: list, packages: list
         "benchmark": {f"{c}-{d}": get("benchmark", f"{c}-{d}") for c in deploy for d in devices},
         "package": {f"{c}-{d}": get("package", f"{c}-{d}") for c in deploy for d in packages},
         "profile": {c: get("profile", c) for c in deploy},
-        "curves": {c: (get("curves", f"{c}-loss"), get("curves", f"{c}-accuracy"))
+        "curves": {c: (get("curves", f"{c}-loss"), get("curves", f"{c}-eval"))
                    for c in cases},
     }
 
@@ -45,7 +45,7 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
     lines = [f"## {model}: its cases on the host, compiled vs PyTorch (same run)", "",
              "| case | scheme | optimize | trainable | backward FLOPs vs full | ms/step | per s "
              "| vs eager full | vs eager frozen | vs torch.compile | peak memory vs eager full "
-             "| planned peak | accuracy: before, compiled, PyTorch |",
+             "| planned peak | held-out accuracy (or loss): before, compiled, PyTorch |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         row, case = found["evaluate"][name], cases[name]
@@ -62,8 +62,10 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
                       + _x(speed.get("memory_vs_torch_eager_full")))
         else:
             timing = " | | | | | "
-        accuracy = (f"{tuned['accuracy_before']:.3f}, {tuned['accuracy_compiled']:.3f}, "
-                    f"{tuned['accuracy_pytorch']:.3f}" if tuned else "")
+        metric = "accuracy" if tuned and "accuracy_before" in tuned else "held_out_loss"
+        accuracy = (f"{tuned[f'{metric}_before']:.3f}, {tuned[f'{metric}_compiled']:.3f}, "
+                    f"{tuned[f'{metric}_pytorch']:.3f}" + ("" if metric == "accuracy" else " (loss)")
+                    if tuned else "")
         cost = row["cost"]
         lines.append(f"| {name} | {case['scheme']} | {variant} | {cost['trainable_fraction']:.2%} "
                      f"| {cost['backward_flops_vs_full']:.3f} | {timing} | "
