@@ -5,8 +5,11 @@ from __future__ import annotations
 import sys
 
 
-def progress(iterable, desc: str, total: int | None = None):
+def progress(iterable, desc: str, total: int | None = None, unit: str = "it",
+             scale: int = 1):
+    """``iterable`` with a bar: each item ``scale`` ``unit`` (a fine-tuning step: its tokens
+    or images), so the bar shows their rate and the time left."""
     from tqdm import tqdm
 
     return tqdm(iterable, desc=desc, total=total, disable=None, leave=False, file=sys.stderr,
-                dynamic_ncols=True)
+                dynamic_ncols=True, unit=unit, unit_scale=scale if scale != 1 else False)

@@ -67,3 +67,25 @@ def test_a_cosine_run_steps_like_pytorch(tmp_path, host_profile):
     for name, value in twin.state_dict().items():
         np.testing.assert_allclose(run.weights[name].numpy(), value.detach().numpy(), rtol=1e-4,
                                    atol=1e-6, err_msg=name)
+
+
+def test_a_step_count_cuts_the_last_epoch_and_evaluations_come_every_n_steps(tmp_path,
+                                                                              host_profile):
+    from pipelines.compile import compile
+
+    model = model_section(frontend="torch", source="tests/frontends/task_heads.py",
+                          entry="classifier", batch_size=4,
+                          finetune={"epochs": 1, "max_steps": 13, "eval_every": 5,
+                                    "lr_schedule": "cosine"})
+    compiled = compile(model, [{"modules": ["*"]}], ADAMW, host_profile, tmp_path)
+    rng = np.random.default_rng(1)
+    data = {f"finetune_{split}_{k}": v for split, n in (("train", 40), ("test", 12))
+            for k, v in (("x", rng.standard_normal((n, 5)).astype("float32")),
+                         ("y", rng.integers(0, 3, n)))}
+    run = finetune(model, compiled.directory, compiled.initial, ADAMW, data, 1, 0)
+    # 10 steps an epoch: 13 steps are two epochs, the second cut after 3; the schedule spans 13
+    assert (run.metrics["steps"], run.metrics["epochs"]) == (13, 2)
+    assert [r["lr"] for r in run.losses] == [learning_rate(0.01, s, 13, "cosine", 0)
+                                             for s in range(13)]
+    assert [(e["epoch"], e["step"]) for e in run.evaluations] == [
+        (0, 0), (0.5, 5), (1, 10), (1.3, 13)]

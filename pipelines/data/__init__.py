@@ -1,9 +1,11 @@
 """The data a model is trained and timed on (a model's ``data`` section, by ``kind``): scikit-learn's
-digits (real), the synthetic text task, synthetic tokens.
+digits (real), the synthetic text task, synthetic tokens, and the user's files under data/:
+text, jsonl, csv_file, images (docs/data.md).
 
 A data kind is a module here, registered in KINDS (pipelines/registry.py): its ``Config`` (the
-section, tagged by ``kind``) and ``make(cfg, seed, source) -> Dataset`` (or just its arrays;
-``source``: what it may need of the model). Every kind gives arrays named
+section, tagged by ``kind``), ``TASKS`` (the tasks its labels are for) and
+``make(cfg, seed, source) -> Dataset`` (or just its arrays; ``source``: what it may need of the
+model). Every kind gives arrays named
 ``<split>_x`` (the model's first input) and ``<split>_y`` (labels), and a text kind the columns
 a model with several inputs takes by name, ``<split>_attention_mask`` and
 ``<split>_token_type_ids``; the splits that fine-tuning reads are ``finetune_train`` and

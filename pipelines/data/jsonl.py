@@ -100,8 +100,10 @@ def row(record: dict, tokenizer, cfg: Config) -> tuple[np.ndarray, np.ndarray, n
     text, spans, templated = rendered(record, tokenizer)
     # a template writes its own BOS; plain text gets the tokenizer's, and the end of text
     ids, offsets = tokenizer.encode(text, special=not templated)
-    learned = [any(a <= start < b for a, b in spans) and end > start if cfg.mask_prompt
-               else True for start, end in offsets]
+    # a token is learned where it holds any of an answer's characters (one that starts in the
+    # prompt, " yes" after "assistant:", is the answer's first)
+    learned = [any(start < b and end > a for a, b in spans) if cfg.mask_prompt else True
+               for start, end in offsets]
     if not templated and tokenizer.end is not None:
         ids, learned = ids + [tokenizer.end], learned + [True]
     ids, learned = ids[: cfg.seq_len], learned[: cfg.seq_len]

@@ -63,7 +63,7 @@ class Tokenizer:
 
 def model_tokenizer(directory: Path | None) -> Tokenizer | None:
     """The tokenizer in ``directory`` (tokenizer.json, and tokenizer_config.json's end and
-    padding tokens and chat template), or None where it has none."""
+    padding tokens and chat template, or chat_template.jinja), or None where it has none."""
     from tokenizers import Tokenizer as Inner
 
     if directory is None or not (directory / FILE).is_file():
@@ -71,6 +71,9 @@ def model_tokenizer(directory: Path | None) -> Tokenizer | None:
     inner = Inner.from_file(str(directory / FILE))
     path = directory / "tokenizer_config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}
+    template = directory / "chat_template.jinja"  # where transformers 5 saves it
+    if template.is_file():
+        config["chat_template"] = template.read_text()
     for key in ("bos_token", "eos_token", "pad_token", "unk_token"):  # AddedToken dicts
         if isinstance(config.get(key), dict):
             config[key] = config[key].get("content")

@@ -79,8 +79,9 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
              lora=None, name: str = "case", checkpoints: Path | None = None,
              every: int = 50) -> Finetuned:
     """Fine-tune the step built in ``build`` from ``initial`` (values by Relax name) for
-    ``epochs`` on ``data``'s finetune split, PyTorch beside it, both at the learning rate the
-    model's ``finetune.lr_schedule`` gives each step; ``lora``: the scheme's LoRA section, for
+    ``epochs`` (or the model's ``finetune.max_steps`` steps) on ``data``'s finetune split,
+    PyTorch beside it, both at the learning rate the model's ``finetune.lr_schedule`` gives
+    each step; ``lora``: the scheme's LoRA section, for
     its export. With ``checkpoints``, the run is saved there every ``every`` steps and at each
     epoch's end, and goes on from the last checkpoint there, if any (checkpoints.py)."""
     compiled = CompiledStep(build, initial)
@@ -111,12 +112,17 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     else:
         at = Position(0, 0, [], [evaluation(0, 0)])
     losses, curve = at.losses, at.evaluations
-    total = epochs * (len(y) // batch)
+    per_epoch = len(y) // batch
+    if tuning.max_steps:  # a step count instead: the epochs it takes, the last one cut
+        epochs = math.ceil(tuning.max_steps / per_epoch)
+    total = min(epochs * per_epoch, tuning.max_steps or epochs * per_epoch)
+    unit, scale = throughput_unit(xs[0], batch)
     for epoch in range(at.epoch, epochs):
-        order = list(batches(len(y), batch, seed, epoch))
+        order = list(batches(len(y), batch, seed, epoch))[: total - epoch * per_epoch]
         first = len(losses) - (at.next if epoch == at.epoch else 0)
         for i in progress(range(at.next if epoch == at.epoch else 0, len(order)),
-                          f"{name}: fine-tuning epoch {epoch + 1}/{epochs}"):
+                          f"{name}: fine-tuning epoch {epoch + 1}/{epochs}", unit=unit,
+                          scale=scale):
             step = step_batch(signature, *(a[order[i]] for a in xs), y[order[i]])
             lr = learning_rate(optimizer.lr, len(losses), total, tuning.lr_schedule,
                                tuning.warmup_steps)
@@ -125,14 +131,14 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
             losses.append({"step": len(losses) + 1, "lr": lr, "compiled": compiled.step(*step),
                            "pytorch": train_step(reference, update, *step, task=task)})
             if tuning.eval_every and len(losses) % tuning.eval_every == 0 and i + 1 < len(order):
-                curve.append(evaluation(epoch + (i + 1) / len(order), len(losses)))
+                curve.append(evaluation(epoch + (i + 1) / per_epoch, len(losses)))
             if len(losses) == CHECKED_STEPS:
                 check_first_losses(name, *([r[side] for r in losses]
                                            for side in ("compiled", "pytorch")))
             if checkpoints and len(losses) % every == 0 and i + 1 < len(order):
                 save(checkpoints, Position(epoch, i + 1, losses, curve), compiled, reference,
                      update)
-        curve.append(evaluation(epoch + 1, len(losses)))
+        curve.append(evaluation(epoch + len(order) / per_epoch, len(losses)))
         if checkpoints:
             save(checkpoints, Position(epoch + 1, 0, losses, curve), compiled, reference, update)
         last = losses[first:]
@@ -140,7 +146,7 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
               f"{np.mean([r['compiled'] for r in last]):.4f} pytorch "
               f"{np.mean([r['pytorch'] for r in last]):.4f}; held-out {METRIC[task]} compiled "
               f"{curve[-1]['compiled']:.4f} pytorch {curve[-1]['pytorch']:.4f}", flush=True)
-    last = losses[-(len(y) // batch):]
+    last = losses[-per_epoch:]
     held_out = {f"{METRIC[task]}_before": curve[0]["compiled"],
                 **{f"{METRIC[task]}_{side}": curve[-1][side] for side in ("compiled", "pytorch")}}
     if task in ("causal_lm", "masked_lm"):  # a language model is read by its perplexity
@@ -161,6 +167,13 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
         check_export(model, signature, initial, export, test_xs, test_y,
                      curve[-1]["compiled"], name)
     return Finetuned(metrics, losses, curve, compiled, weights, optimizer_state, export)
+
+
+def throughput_unit(x: np.ndarray, batch: int) -> tuple[str, int]:
+    """What the progress bar counts a step in: tokens (token ids), images, or examples."""
+    if np.issubdtype(x.dtype, np.integer) and x.ndim == 2:
+        return "tok", batch * x.shape[1]
+    return ("img" if x.ndim == 4 else "ex"), batch
 
 
 def check_first_losses(name: str, compiled: list[float], pytorch: list[float]) -> None:

@@ -26,6 +26,7 @@ class Pretrain(Strict):
 
 class Finetune(Strict):
     epochs: PositiveInt
+    max_steps: PositiveInt | None = None  # a step count instead of whole epochs
     # the learning rate over the run (evaluate/finetune.py: learning_rate): constant, or
     # cosine decay to 0 after a linear warm-up of warmup_steps, as transformers' cosine
     # schedule with warm-up
