@@ -13,10 +13,10 @@ a model with several inputs takes by name, ``<split>_attention_mask`` and
 """
 from __future__ import annotations
 
-import numpy as np
-
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from pipelines.registry import entries, tagged_union
 from pipelines.schema import ConfigError

@@ -10,18 +10,19 @@ are a seeded share of all of them.
 from __future__ import annotations
 
 import csv
+import io
 from typing import Literal
 
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from pipelines.data.files import held_out, relative, user_files
+from pipelines.data.files import held_out, read_text, relative, user_files
 from pipelines.schema import ConfigError, Strict
 
 KEY = "models.<name>.data"
 
-
 TASKS = ("classification",)  # the tasks its labels are for (fine-tuning checks it)
+
 
 class Config(Strict):
     """models.<name>.data with kind csv_file."""
@@ -40,14 +41,13 @@ def rows_of(files, cfg: Config) -> list[tuple[str, str]]:
     """(text, label) of every row of every file."""
     found = []
     for path in files:
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            for column in (cfg.text_column, cfg.label_column):
-                if column not in (reader.fieldnames or []):
-                    raise ConfigError(f"{relative(path)}: no column {column!r} ({KEY}."
-                                      f"{'text' if column == cfg.text_column else 'label'}"
-                                      f"_column); allowed: {reader.fieldnames}")
-            found += [(r[cfg.text_column], r[cfg.label_column].strip()) for r in reader]
+        reader = csv.DictReader(io.StringIO(read_text(path, f"{KEY}.files"), newline=""))
+        for column in (cfg.text_column, cfg.label_column):
+            if column not in (reader.fieldnames or []):
+                raise ConfigError(f"{relative(path)}: no column {column!r} ({KEY}."
+                                  f"{'text' if column == cfg.text_column else 'label'}"
+                                  f"_column); allowed: {reader.fieldnames}")
+        found += [(r[cfg.text_column], (r[cfg.label_column] or "").strip()) for r in reader]
     return found
 
 

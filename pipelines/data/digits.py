@@ -14,8 +14,8 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 
 from pipelines.schema import ConfigError, Strict
 
-
 TASKS = ("classification",)  # the tasks its labels are for (fine-tuning checks it)
+
 
 class Config(Strict):
     """models.<name>.data with kind digits."""

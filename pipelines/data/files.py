@@ -41,6 +41,15 @@ def relative(path: Path) -> str:
     return str(Path(path).resolve().relative_to(ROOT.resolve()))
 
 
+def read_text(path: Path, key: str) -> str:
+    """A user's file as text; a ConfigError naming it where it is not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{relative(path)} ({key}): not UTF-8 text ({err.reason} at byte "
+                          f"{err.start}); allowed: UTF-8 text files") from err
+
+
 def held_out(count: int, fraction: float, seed: int, what: str, key: str
              ) -> tuple[np.ndarray, np.ndarray]:
     """(training, held-out) indices of ``count`` items (files or records): a seeded

@@ -21,8 +21,8 @@ KEY = "models.<name>.data"
 SUFFIXES = (".png", ".jpg", ".jpeg")
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 
-
 TASKS = ("classification",)  # the tasks its labels are for (fine-tuning checks it)
+
 
 class Config(Strict):
     """models.<name>.data with kind images."""

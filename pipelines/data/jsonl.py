@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from pipelines.data.files import held_out, relative, user_files
+from pipelines.data.files import held_out, read_text, relative, user_files
 from pipelines.schema import ConfigError, Strict
 from pipelines.tasks import IGNORE_INDEX
 
@@ -32,8 +32,8 @@ KEY = "models.<name>.data"
 FORMATS = (("text",), ("prompt", "completion"), ("messages",))
 ROLES = ("system", "user", "assistant", "tool")
 
-
 TASKS = ("causal_lm",)  # the tasks its labels are for (fine-tuning checks it)
+
 
 class Config(Strict):
     """models.<name>.data with kind jsonl."""
@@ -50,7 +50,7 @@ def records(files) -> list[tuple[dict, str]]:
     """Each line's record and where it is (file:line), checked against FORMATS."""
     found = []
     for path in files:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(read_text(path, f"{KEY}.files").splitlines(), 1):
             where = f"{relative(path)}:{number}"
             if not line.strip():
                 continue

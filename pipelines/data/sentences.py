@@ -20,8 +20,8 @@ from pydantic import PositiveInt
 
 from pipelines.schema import ConfigError, Strict
 
-
 TASKS = ("classification",)  # the tasks its labels are for (fine-tuning checks it)
+
 
 class Config(Strict):
     """models.<name>.data with kind sentences."""

@@ -14,13 +14,13 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from pipelines.data.files import held_out, relative, user_files
+from pipelines.data.files import held_out, read_text, relative, user_files
 from pipelines.schema import ConfigError, Strict
 
 KEY = "models.<name>.data"
 
-
 TASKS = ("causal_lm",)  # the tasks its labels are for (fine-tuning checks it)
+
 
 class Config(Strict):
     """models.<name>.data with kind text."""
@@ -32,14 +32,6 @@ class Config(Strict):
     held_out: float = Field(0.1, gt=0, lt=1)  # the share of files scored, not trained on
     max_rows: PositiveInt | None = None  # at most this many training rows (the first)
     vocab_size: PositiveInt | None = None  # a trained tokenizer's (the model has none)
-
-
-def read(path, key: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{relative(path)} ({key}.files): not UTF-8 text ({err.reason} at "
-                          f"byte {err.start}); allowed: UTF-8 text files") from err
 
 
 def pack(ids: list[list[int]], seq_len: int) -> np.ndarray:
@@ -54,7 +46,7 @@ def make(cfg: Config, seed: int, source):
     from pipelines.data.tokenizer import tokenizer_for
 
     files = user_files(cfg.files, f"{KEY}.files", tuple(cfg.suffixes))
-    texts = [read(path, KEY) for path in files]
+    texts = [read_text(path, f"{KEY}.files") for path in files]
     train, test = held_out(len(files), cfg.held_out, seed, "files", f"{KEY}.files")
     tokenizer = tokenizer_for(source, (texts[i] for i in train), cfg.vocab_size, KEY)
     tail = [tokenizer.end] if tokenizer.end is not None else []

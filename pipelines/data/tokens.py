@@ -9,8 +9,8 @@ from pydantic import PositiveInt
 
 from pipelines.schema import Strict
 
-
 TASKS = ()  # timing only: random labels teach nothing  # the tasks its labels are for (fine-tuning checks it)
+
 
 class Config(Strict):
     """models.<name>.data with kind tokens."""

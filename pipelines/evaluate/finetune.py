@@ -3,9 +3,9 @@ beside it: the same initial state, optimizer, batches and order (models/pytorch.
 
 The first steps' losses must agree to ``LOSS_RTOL`` or evaluation fails: a wrong build stops
 here. Later ones drift apart by float rounding and are reported, not checked. What comes back:
-per step the two losses, per epoch the two test accuracies, and the fine-tuned weights under
-the source's own names (for a LoRA scheme also its export, reloaded and checked to score what
-the compiled step scored).
+per step the two losses, per evaluation the two held-out scores (a classifier's accuracy, a
+language model's loss), and the fine-tuned weights under the source's own names (for a LoRA
+scheme also its export, reloaded and checked to score what the compiled step scored).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 
 from pipelines.data import split
 from pipelines.evaluate.checkpoints import Position, restore, save
+from pipelines.frontends.base import Finetune
 from pipelines.frontends.twin import step_batch, torch_twin
 from pipelines.models.pytorch import batches, make_optimizer, one_thread, score, train_step
 from pipelines.models.torch_lora import adapter_state, merged_state
@@ -81,9 +82,9 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     """Fine-tune the step built in ``build`` from ``initial`` (values by Relax name) for
     ``epochs`` (or the model's ``finetune.max_steps`` steps) on ``data``'s finetune split,
     PyTorch beside it, both at the learning rate the model's ``finetune.lr_schedule`` gives
-    each step; ``lora``: the scheme's LoRA section, for
-    its export. With ``checkpoints``, the run is saved there every ``every`` steps and at each
-    epoch's end, and goes on from the last checkpoint there, if any (checkpoints.py)."""
+    each step; ``lora``: the scheme's LoRA section, for its export. With ``checkpoints``, the
+    run is saved there every ``every`` steps and at each epoch's end, and goes on from the last
+    checkpoint there, if any (checkpoints.py)."""
     compiled = CompiledStep(build, initial)
     signature = compiled.signature
     reference = torch_twin(model, signature, initial)
@@ -97,7 +98,8 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
         raise ConfigError(f"params.yaml: models.<model>.batch_size={batch}: the fine-tuning split "
                           f"has {len(y)} training examples, fewer than one batch; lower it, or "
                           "give the data more examples")
-    task, tuning = signature["task"], model.finetune
+    task = signature["task"]
+    tuning = model.finetune or Finetune(epochs=epochs)  # a model without one: the defaults
 
     def evaluation(epoch: int, step: int) -> dict:
         """Both sides scored on the held-out split (``score``: accuracy, or loss)."""
