@@ -92,11 +92,19 @@ class Scheme(Strict):
         return self
 
 
-class SGD(Strict):
+class Stepping(Strict):
+    """What every optimizer has: its learning rate, and how many batches' gradients it sums
+    before it steps (transformers' gradient_accumulation_steps: a batch of batch_size times
+    that, in memory for one; training/optimizers.py: Accumulating)."""
+
+    lr: PositiveFloat
+    gradient_accumulation_steps: PositiveInt = 1
+
+
+class SGD(Stepping):
     """torch.optim.SGD (dampening 0)."""
 
     kind: Literal["sgd"]
-    lr: PositiveFloat
     momentum: Fraction = 0.0
     nesterov: bool = False
     weight_decay: NonNegativeFloat = 0.0
@@ -108,11 +116,10 @@ class SGD(Strict):
         return self
 
 
-class Adam(Strict):
+class Adam(Stepping):
     """torch.optim.Adam, or AdamW (decoupled weight decay)."""
 
     kind: Literal["adam", "adamw"]
-    lr: PositiveFloat
     betas: tuple[Fraction, Fraction] = (0.9, 0.999)
     eps: PositiveFloat = 1e-8
     weight_decay: NonNegativeFloat = 0.0
@@ -133,6 +140,7 @@ class Case(Strict):
     scheme: str
     optimizer: str
     lr: PositiveFloat | None = None  # instead of the optimizer's
+    gradient_accumulation_steps: PositiveInt | None = None  # instead of the optimizer's
     optimize: OptimizeOverride | None = None  # instead of the global `optimize`
     # what evaluate@<case> measures: speed and memory against PyTorch; fine-tuning quality
     evaluate: list[Literal["speed", "finetune"]] = ["speed"]
@@ -233,9 +241,9 @@ class Params(Strict):
 
 
 def case_optimizer(params: Params, case: Case):
-    """The case's optimizer, at its own learning rate if it sets one."""
-    optimizer = params.optimizers[case.optimizer]
-    return optimizer.model_copy(update={"lr": case.lr}) if case.lr else optimizer
+    """The case's optimizer, at its own learning rate and accumulation if it sets them."""
+    own = {k: getattr(case, k) for k in ("lr", "gradient_accumulation_steps") if getattr(case, k)}
+    return params.optimizers[case.optimizer].model_copy(update=own)
 
 
 def case_optimize(params: Params, case: Case) -> Optimize:

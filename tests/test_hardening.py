@@ -249,7 +249,7 @@ def dying(*args, **kwargs):  # SIGKILL in the middle of step ``at``
     if len(taken) == at:
         os.kill(os.getpid(), signal.SIGKILL)
     return pytorch_step(*args, **kwargs)
-pytorch_step, run.train_step = run.train_step, dying
+pytorch_step, run.accumulated_step = run.accumulated_step, dying
 run.finetune(model_section(**CLASSIFIER), directory + "/build",
              load_arrays(directory + "/initial.npz"), SGD, load_arrays(directory + "/data.npz"),
              2, 0, checkpoints=directory + "/checkpoints", every=3)

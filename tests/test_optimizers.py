@@ -9,7 +9,10 @@ then only the selected slice stepped); its other channels must stay bit-identica
 Tolerance: loss at every step within 1e-5 relative; weights and optimizer state after the last
 step within rtol 1e-4, atol 1e-6. The all-parameters and channel cases also go through update
 reordering. The state taken out into torch.optim is bit-identical, and PyTorch's next step from
-it matches the next compiled one (loss 1e-5 relative, state rtol 1e-5, atol 1e-7).
+it matches the next compiled one (loss 1e-5 relative, state rtol 1e-5, atol 1e-7). With
+gradient accumulation, each call's loss and the weights after every optimizer step are PyTorch's
+summing ``loss / steps`` gradients (same tolerances), and between optimizer steps the weights do
+not move at all.
 
 Each step goes through the library's phases (pipelines/compile.py): training_graph,
 prune (the selection as given), optimize, build for the host profile, every matrix product generated (which
@@ -27,7 +30,7 @@ from pipelines.config import Optimizer
 from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of
 from pipelines.phases import Lowered, PrunedStep
-from pipelines.models.pytorch import make_optimizer, train_step
+from pipelines.models.pytorch import accumulated_step, make_optimizer, train_step
 from pipelines.runtime.step import CompiledStep
 
 STEPS = 5
@@ -169,3 +172,35 @@ def test_state_taken_out_is_exact_and_training_continues_in_torch(tmp_path, host
     for key, value in compiled.state_dict().items():
         np.testing.assert_allclose(value.numpy(), model.state_dict()[key].numpy(),
                                    rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.parametrize("name, trainable", [
+    pytest.param("adamw", None, id="adamw-all"),
+    pytest.param("sgd_momentum_wd", CHANNELS, id="sgd_momentum_wd-channels")])
+def test_accumulated_gradients_step_as_pytorch_accumulates(tmp_path, host_profile, lowered,
+                                                           generated, name, trainable):
+    """Three batches a step (gradient_accumulation_steps: 3), two steps: the compiled step
+    called six times, PyTorch's accumulated_step twice on the same batches."""
+    cfg = CONFIGS[name].model_copy(update={"gradient_accumulation_steps": 3})
+    compiled = compile_step(tmp_path, host_profile, lowered, cfg, trainable, reorder=True)
+    reference = make_model()
+    optimizer = make_optimizer(reference, cfg, trainable)
+    data = [(x, y) for x, y in batches()] + [next(batches())]
+    initial = {k: v.numpy().copy() for k, v in compiled.state_dict().items()}
+    for group in (data[:3], data[3:6]):
+        got = [compiled.step(x, y) for x, y in group[:1]]
+        for key, value in compiled.state_dict().items():  # mid-step: nothing moved
+            np.testing.assert_array_equal(value.numpy(), initial[key], err_msg=key)
+        got += [compiled.step(x, y) for x, y in group[1:]]
+        want = accumulated_step(reference, optimizer, group, "classification")
+        assert got == pytest.approx(want, rel=1e-5)
+        initial = {k: v.numpy().copy() for k, v in compiled.state_dict().items()}
+        for key, value in initial.items():
+            np.testing.assert_allclose(value, reference.state_dict()[key].numpy(),
+                                       rtol=1e-4, atol=1e-6, err_msg=key)
+    assert not np.array_equal(initial["2.weight"], make_model().state_dict()["2.weight"].numpy())
+    taken = compiled.torch_optimizer(compiled.load_into(make_model())).state_dict()["state"]
+    for index, slots in optimizer.state_dict()["state"].items():
+        for slot, value in slots.items():
+            np.testing.assert_allclose(taken[index][slot].numpy(), value.numpy(),
+                                       rtol=1e-4, atol=1e-6, err_msg=f"{index}.{slot}")

@@ -109,15 +109,17 @@ def cost_summary(report: dict) -> dict:
 
 def first_losses(model, build: Path, initial: dict, optimizer, *batch) -> tuple[list, list]:
     """The compiled step's and PyTorch's losses over the first steps on one batch (the model's
-    inputs, then the labels; the second step reads the first one's update)."""
-    from pipelines.models.pytorch import make_optimizer, train_step
+    inputs, then the labels; the second step reads the first one's update), each step
+    ``optimizer.gradient_accumulation_steps`` calls of the compiled step."""
+    from pipelines.models.pytorch import accumulated_step, make_optimizer
 
     compiled = CompiledStep(build, initial)
     twin = torch_twin(model, compiled.signature, initial)
     update = make_optimizer(twin, optimizer, selection_of(compiled.signature))
-    return ([compiled.step(*batch) for _ in range(CHECKED_STEPS)],
-            [train_step(twin, update, *batch, task=compiled.signature["task"])
-             for _ in range(CHECKED_STEPS)])
+    calls = optimizer.gradient_accumulation_steps
+    return ([compiled.step(*batch) for _ in range(CHECKED_STEPS * calls)],
+            [loss for _ in range(CHECKED_STEPS) for loss in accumulated_step(
+                twin, update, [batch] * calls, compiled.signature["task"])])
 
 
 def evaluate_case(inputs, cores: int, build: Path, initial: dict, data: dict | None,

@@ -20,7 +20,8 @@ from pipelines.data import split
 from pipelines.evaluate.checkpoints import Position, restore, save
 from pipelines.frontends.base import Finetune
 from pipelines.frontends.twin import step_batch, torch_twin
-from pipelines.models.pytorch import batches, make_optimizer, one_thread, score, train_step
+from pipelines.models.pytorch import (accumulated_step, batches, make_optimizer, one_thread,
+                                      score)
 from pipelines.models.torch_lora import adapter_state, merged_state
 from pipelines.progress import progress
 from pipelines.runtime.step import CompiledStep, selection_of
@@ -93,11 +94,12 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     inputs = signature["data"][:-1]  # the step's inputs by name (the last is the labels)
     xs, y = split(data, "finetune_train", inputs)
     test_xs, test_y = split(data, "finetune_test", inputs)
-    batch = model.batch_size
-    if len(y) < batch:
-        raise ConfigError(f"params.yaml: models.<model>.batch_size={batch}: the fine-tuning split "
-                          f"has {len(y)} training examples, fewer than one batch; lower it, or "
-                          "give the data more examples")
+    batch, accumulate = model.batch_size, optimizer.gradient_accumulation_steps
+    if len(y) < batch * accumulate:
+        raise ConfigError(f"params.yaml: models.<model>.batch_size={batch} (times "
+                          f"gradient_accumulation_steps={accumulate}): the fine-tuning split has "
+                          f"{len(y)} training examples, fewer than one step takes; lower them, "
+                          "or give the data more examples")
     task = signature["task"]
     tuning = model.finetune or Finetune(epochs=epochs)  # a model without one: the defaults
 
@@ -109,29 +111,34 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
 
     at = checkpoints and restore(checkpoints, compiled, reference, update)
     if at:
-        print(f"{name}: going on from step {len(at.losses)} (epoch {at.epoch + 1}, batch "
-              f"{at.next + 1}), the checkpoint in {checkpoints}", flush=True)
+        print(f"{name}: going on from step {len(at.losses)} (epoch {at.epoch + 1}, its "
+              f"step {at.next + 1}), the checkpoint in {checkpoints}", flush=True)
     else:
         at = Position(0, 0, [], [evaluation(0, 0)])
     losses, curve = at.losses, at.evaluations
-    per_epoch = len(y) // batch
+    per_epoch = len(y) // (batch * accumulate)  # optimizer steps
     if tuning.max_steps:  # a step count instead: the epochs it takes, the last one cut
         epochs = math.ceil(tuning.max_steps / per_epoch)
     total = min(epochs * per_epoch, tuning.max_steps or epochs * per_epoch)
-    unit, scale = throughput_unit(xs[0], batch)
+    unit, scale = throughput_unit(xs[0], batch * accumulate)
     for epoch in range(at.epoch, epochs):
-        order = list(batches(len(y), batch, seed, epoch))[: total - epoch * per_epoch]
+        micro = list(batches(len(y), batch, seed, epoch))  # each step: accumulate of them
+        order = [micro[j * accumulate:(j + 1) * accumulate]
+                 for j in range(per_epoch)][: total - epoch * per_epoch]
         first = len(losses) - (at.next if epoch == at.epoch else 0)
         for i in progress(range(at.next if epoch == at.epoch else 0, len(order)),
                           f"{name}: fine-tuning epoch {epoch + 1}/{epochs}", unit=unit,
                           scale=scale):
-            step = step_batch(signature, *(a[order[i]] for a in xs), y[order[i]])
+            steps = [step_batch(signature, *(a[rows] for a in xs), y[rows]) for rows in order[i]]
             lr = learning_rate(optimizer.lr, len(losses), total, tuning.lr_schedule,
                                tuning.warmup_steps)
             compiled.set_lr(lr)
             set_learning_rate(update, lr)
-            losses.append({"step": len(losses) + 1, "lr": lr, "compiled": compiled.step(*step),
-                           "pytorch": train_step(reference, update, *step, task=task)})
+            # a step's loss: the mean of its batches' (transformers' logged loss)
+            losses.append({"step": len(losses) + 1, "lr": lr,
+                           "compiled": float(np.mean([compiled.step(*b) for b in steps])),
+                           "pytorch": float(np.mean(accumulated_step(reference, update, steps,
+                                                                     task)))})
             if tuning.eval_every and len(losses) % tuning.eval_every == 0 and i + 1 < len(order):
                 curve.append(evaluation(epoch + (i + 1) / per_epoch, len(losses)))
             if len(losses) == CHECKED_STEPS:

@@ -140,12 +140,22 @@ def task_loss(task: str, output: torch.Tensor, labels: torch.Tensor) -> torch.Te
 def train_step(model: torch.nn.Module, optimizer, *batch, task: str = "classification") -> float:
     """One step on ``batch`` (the model's inputs, then the labels): the ``task``'s loss, as the
     compiled step's; returns the loss."""
-    *inputs, labels = _tensors(batch)
+    return accumulated_step(model, optimizer, [batch], task)[0]
+
+
+def accumulated_step(model: torch.nn.Module, optimizer, batches: list, task: str) -> list[float]:
+    """One optimizer step on the gradients of several ``batches`` (each the model's inputs,
+    then the labels): each one's loss divided by their number, ``backward`` summing into
+    ``.grad``, as gradient accumulation is written in PyTorch; each batch's loss."""
     optimizer.zero_grad(set_to_none=True)
-    loss = task_loss(task, model(*inputs), labels)
-    loss.backward()
+    losses = []
+    for batch in batches:
+        *inputs, labels = _tensors(batch)
+        loss = task_loss(task, model(*inputs), labels)
+        (loss / len(batches) if len(batches) > 1 else loss).backward()
+        losses.append(loss.item())
     optimizer.step()
-    return loss.item()
+    return losses
 
 
 @torch.no_grad()

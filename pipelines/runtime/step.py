@@ -109,6 +109,8 @@ class CompiledStep:
         shared = {}
         for name, info in self.optimizer_state.items():
             value = torch.from_numpy(self.state[name].numpy())
+            if info["torch"] is None:  # the accumulated gradients: zero between steps
+                continue
             if info["slot"] == "lr":  # a param_groups key, not state
                 for group in state["param_groups"]:
                     group["lr"] = float(value)
@@ -116,7 +118,7 @@ class CompiledStep:
                 shared[info["torch"]] = value
             else:
                 per_param[index[info["param"]]][info["torch"]] = value
-        if any(info["slot"] != "lr" for info in self.optimizer_state.values()):
+        if any(info["slot"] != "lr" and info["torch"] for info in self.optimizer_state.values()):
             # torch.optim increments each parameter's step count in place: one copy each.
             state["state"] = {i: slots | {k: v.clone() for k, v in shared.items()}
                               for i, slots in per_param.items()}

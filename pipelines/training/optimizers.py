@@ -127,6 +127,60 @@ class Adam:
                 "weight_decay": self.weight_decay}
 
 
+@dataclass(frozen=True)
+class Accumulating:
+    """``inner`` stepping once every ``steps`` calls, on the mean of their gradients, as
+    PyTorch does with each batch's loss divided by ``steps`` and ``backward`` summing into
+    ``.grad``: a = a + g/steps every call; on the last call of each ``steps`` the update is
+    ``inner``'s on a, and a starts again at zero; on the others the weights and ``inner``'s
+    state go out as they came in (``where``, so bit-identical). The count of calls so far is
+    state too, so the step needs nothing more from the caller. The update is computed on every
+    call (one function, no control flow); its result is kept on the last."""
+
+    inner: SGD | Adam
+    steps: int
+
+    @property
+    def lr(self) -> float:
+        return self.inner.lr
+
+    @property
+    def torch_class(self) -> str:
+        return self.inner.torch_class
+
+    @property
+    def slots(self) -> dict[str, str | None]:  # None: no torch.optim state of that name
+        return {**self.inner.slots, "grad_sum": None}
+
+    @property
+    def global_slots(self) -> dict[str, str | None]:
+        return {**self.inner.global_slots, "accumulated": None}
+
+    def prepare(self, bb, state: dict) -> tuple[dict, dict]:
+        emit = _emitter(bb, "accumulated")
+        count = emit(add(state["accumulated"], relax.const(1.0, "float32")))
+        steps = emit(relax.op.greater_equal(count, relax.const(float(self.steps), "float32")))
+        new_inner, factors = self.inner.prepare(bb, state)
+        new_state = {slot: emit(relax.op.where(steps, value, state[slot]))
+                     for slot, value in new_inner.items()}
+        new_state["accumulated"] = emit(relax.op.where(steps, relax.const(0.0, "float32"),
+                                                       count))
+        return new_state, {**factors, "steps": steps}
+
+    def update(self, bb, name: str, w, g, state: dict, shared: dict):
+        emit = _emitter(bb, name)
+        total = emit(add(state["grad_sum"], multiply(g, _const(1 / self.steps, g))))
+        new_w, new_inner = self.inner.update(bb, name, w, total, state, shared)
+        steps = shared["steps"]
+        new_state = {slot: emit(relax.op.where(steps, value, state[slot]))
+                     for slot, value in new_inner.items()}
+        new_state["grad_sum"] = emit(relax.op.where(steps, _const(0.0, g), total))
+        return emit(relax.op.where(steps, new_w, w)), new_state
+
+    def torch_kwargs(self) -> dict:
+        return self.inner.torch_kwargs()
+
+
 def _emitter(bb, name: str):
     def emit(expr):
         return bb.emit(expr, name_hint=f"{UPDATE_PREFIX}{name}")
@@ -134,10 +188,14 @@ def _emitter(bb, name: str):
 
 
 def from_config(optimizer):
-    """The compiled optimizer for a pipelines/config.py optimizer (SGD or Adam, checked there)."""
+    """The compiled optimizer for a pipelines/config.py optimizer (SGD or Adam, checked there),
+    accumulating its gradient_accumulation_steps batches' gradients where that is over 1."""
     if optimizer.kind == "sgd":
-        return SGD(lr=optimizer.lr, momentum=optimizer.momentum,
-                   weight_decay=optimizer.weight_decay, nesterov=optimizer.nesterov)
-    beta1, beta2 = optimizer.betas
-    return Adam(lr=optimizer.lr, beta1=beta1, beta2=beta2, eps=optimizer.eps,
-                weight_decay=optimizer.weight_decay, decoupled=optimizer.kind == "adamw")
+        inner = SGD(lr=optimizer.lr, momentum=optimizer.momentum,
+                    weight_decay=optimizer.weight_decay, nesterov=optimizer.nesterov)
+    else:
+        beta1, beta2 = optimizer.betas
+        inner = Adam(lr=optimizer.lr, beta1=beta1, beta2=beta2, eps=optimizer.eps,
+                     weight_decay=optimizer.weight_decay, decoupled=optimizer.kind == "adamw")
+    steps = optimizer.gradient_accumulation_steps
+    return Accumulating(inner, steps) if steps > 1 else inner

@@ -14,7 +14,8 @@ whole gradient followed by a slice:
     slice x;
   - matmul (a linear layer's weight gradient): slice the left or right operand;
   - collapse_sum_to (a bias gradient): slice its operand;
-  - elementwise optimizer arithmetic, strided_slice and permute_dims pass the slice through.
+  - elementwise optimizer arithmetic (and an accumulating step's where), strided_slice and
+    permute_dims pass the slice through.
 Anything else (e.g. a batch-norm scale's reduction) is computed whole and then sliced; the
 signature's ``channels`` say, per parameter, which way its slice was computed.
 
@@ -41,7 +42,7 @@ from tvm import relax
 from pipelines.ir import dtype_of, shape_of, signature_of, tensor_type, with_signature
 
 ELEMENTWISE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
-               "relax.sqrt", "relax.astype", "relax.negative"}
+               "relax.sqrt", "relax.astype", "relax.negative", "relax.where"}
 
 
 def _op_name(value) -> str:
