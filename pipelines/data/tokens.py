@@ -9,7 +9,7 @@ from pydantic import PositiveInt
 
 from pipelines.schema import Strict
 
-TASKS = ()  # timing only: random labels teach nothing  # the tasks its labels are for (fine-tuning checks it)
+TASKS = ()  # the tasks its labels are for: none, random labels teach nothing (timing only)
 
 
 class Config(Strict):

@@ -4,9 +4,9 @@ point and run again ends with the same weights as one that was never interrupted
 
 A checkpoint holds the compiled step's state (weights, buffers, optimizer state), PyTorch's
 reference model and its optimizer state, PyTorch's random state, and the run's position and
-record (the epoch, the next batch, the losses and held-out evaluations so far). The batches'
+record (the epoch, its next step, the losses and held-out evaluations so far). The batches'
 order is a function of the seed and the epoch (models/pytorch.py: batches), so the position says
-which batch comes next. Nothing in it is a pickle.
+which batches come next. Nothing in it is a pickle.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ COMPILED, REFERENCE, OPTIMIZER, PROGRESS = ("compiled.npz", "reference.safetenso
 @dataclass
 class Position:
     epoch: int  # the epoch in progress
-    next: int  # the index of its next batch
+    next: int  # the index of its next step (a step: gradient_accumulation_steps batches)
     losses: list[dict]
     evaluations: list[dict]
 
