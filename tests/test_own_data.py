@@ -262,7 +262,9 @@ def test_a_chat_loss_with_the_prompt_masked_is_transformers_own(root, tmp_path, 
 def test_a_llama_fine_tuned_on_a_text_folder_steps_like_pytorch_and_loads_everywhere(
         root, tmp_path, host_profile):
     """Three AdamW steps on a text folder against PyTorch (loss and every weight within
-    1e-4), then a run fine-tuned by evaluate's code saved as evaluate@ saves it: pretrained/
+    1e-4 relative, or 1e-5 absolute: 1% of one step's lr, for an element whose gradient
+    cancels to below Adam's eps, e.g. lm_head[2, 0] at 5e-9 where the median is 3e-4, and
+    whose update then follows that gradient's rounding in either implementation), then a run fine-tuned by evaluate's code saved as evaluate@ saves it: pretrained/
     with the tokenizer (transformers), model.gguf (gguf's reader, and transformers)."""
     import gguf
 
@@ -280,7 +282,7 @@ def test_a_llama_fine_tuned_on_a_text_folder_steps_like_pytorch_and_loads_everyw
     torch.manual_seed(0)
     compiled = compile(model, [{"modules": ["*"]}], ADAMW, host_profile, tmp_path / "build")
     steps = [(xs[i:i + BATCH], ys[i:i + BATCH]) for i in range(0, len(xs), BATCH)]
-    before, after = assert_steps_match(compiled, model, ADAMW, steps, rtol=1e-4)
+    before, after = assert_steps_match(compiled, model, ADAMW, steps, rtol=1e-4, atol=1e-5)
     assert all(not torch.equal(before[n], after[n]) for n in after)  # full: everything moved
 
     run = finetune(model, compiled.directory, compiled.initial, ADAMW, made.arrays, 1, 0)

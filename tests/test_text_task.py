@@ -118,7 +118,7 @@ def test_a_small_lora_run_fine_tunes_beside_pytorch_and_checks_its_export(tiny_t
     # Fewer training sentences than one batch: named, not a silent empty epoch.
     short = {**data, "finetune_train_x": data["finetune_train_x"][:4],
              "finetune_train_y": data["finetune_train_y"][:4]}
-    with pytest.raises(ConfigError, match="has 4 training examples, fewer than one batch"):
+    with pytest.raises(ConfigError, match="has 4 training examples, fewer than one step takes"):
         finetune(model, compiled.directory, compiled.initial, optimizer, short, 1, 0, lora)
 
 
