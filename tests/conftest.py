@@ -18,6 +18,9 @@ from pipelines.tasks import IGNORE_INDEX
 
 # Two cores on CI: keep TVM's and PyTorch's thread pools from oversubscribing them.
 os.environ.setdefault("TVM_NUM_THREADS", "2")
+# A repository a test makes with `dvc init` has DVC's analytics on (the project's .dvc/config
+# turns them off): each dvc command there leaves its unsent report in /tmp.
+os.environ["DVC_NO_ANALYTICS"] = "1"
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = {"kind": "llvm"}  # this machine's CPU, default schedules
