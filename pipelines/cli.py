@@ -243,6 +243,64 @@ def cmd_regress(args) -> int:
     return EXIT_CHECK if failed else EXIT_OK
 
 
+def cmd_gpu_bundle(args) -> int:
+    from pathlib import Path
+
+    from pipelines.gpu import build_bundle
+
+    cases = build_bundle(Path(args.out), args.overrides, args.profile, args.python,
+                         args.parity_layers, tuple(args.unchained or ["mbv2"]),
+                         runtime=not args.no_runtime)
+    print(f"wrote {args.out}: {len(cases)} cases for {args.profile}")
+    return EXIT_OK
+
+
+def cmd_gpu_bench(args) -> int:
+    from pipelines.gpu import bench
+    from pipelines.io import write_json_atomic
+
+    timing = {k: getattr(args, k) for k in ("warmup", "steps", "rounds", "min_seconds", "cores",
+                                            "case_seconds")}
+    bench(args.bundle, timing, args.case, lambda results: write_json_atomic(args.out, results))
+    print(f"wrote {args.out}")
+    return EXIT_OK
+
+
+def _gpu_parser(sub) -> None:
+    from pathlib import Path
+
+    gpu = sub.add_parser("gpu", help="the GPU benchmark (docs/gpu.md): a bundle built here, "
+                                     "run on a machine with an NVIDIA GPU")
+    actions = gpu.add_subparsers(dest="action", required=True)
+    q = actions.add_parser("bundle", help="compile experiment=gpu's cases for a GPU profile, "
+                                          "with TVM's runtime and the GPU host's wheels")
+    q.add_argument("overrides", nargs="*", help="Hydra overrides of experiment=gpu")
+    q.add_argument("--out", default="artifacts/gpu/bundle")
+    q.add_argument("--profile", default="nvidia_hopper")
+    q.add_argument("--python", default="3.12", help="the GPU host's Python (for the wheels)")
+    q.add_argument("--parity-layers", type=int, default=2,
+                   help="a transformers model's layers in its parity build")
+    q.add_argument("--unchained", action="append", metavar="MODEL",
+                   help="a model whose parity steps each start from the initial state "
+                        "(default mbv2: chained ReLU6 steps amplify rounding)")
+    q.add_argument("--no-runtime", action="store_true",
+                   help="leave out TVM's runtime and the wheels (a host that has them)")
+    q.set_defaults(func=cmd_gpu_bundle)
+    q = actions.add_parser("bench", help="run a bundle: parity against PyTorch on the same "
+                                         "device, then speed and memory beside the peers")
+    q.add_argument("bundle", type=Path)
+    q.add_argument("out", type=Path, help="the metrics (JSON), written as each phase ends")
+    q.add_argument("--case", action="append", help="only this case (repeatable, in order)")
+    q.add_argument("--warmup", type=int, default=3)
+    q.add_argument("--steps", type=int, default=10)
+    q.add_argument("--rounds", type=int, default=2)
+    q.add_argument("--min-seconds", type=float, default=1.0)
+    q.add_argument("--cores", type=int, default=4, help="CPU threads of each case's process")
+    q.add_argument("--case-seconds", type=float, default=600.0,
+                   help="a case still running after this long is stopped and recorded")
+    q.set_defaults(func=cmd_gpu_bench)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="pock", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -303,6 +361,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default=None,
                    help="git revision holding the baseline metrics (default: regress.baseline)")
     p.set_defaults(func=cmd_regress)
+    _gpu_parser(sub)
     return top
 
 

@@ -14,6 +14,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 
+from pipelines.kernels.take_backward_gpu import is_take_backward, take_backward_gpu
+
 GPU_KINDS = {"cuda", "opencl"}
 
 
@@ -22,11 +24,20 @@ def _rules():
             dl.gpu.Fallback()]
 
 
+def _scheduled(func: tirx.PrimFunc) -> bool:
+    """A kernel TVM's dispatch wrote with its threads bound already (the scan behind cumsum)."""
+    return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
+
+
 def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> Counter:
     """Schedule every PrimFunc of ``mod`` in place; returns how many each rule took."""
     taken = Counter()
     for gvar, func in list(mod.functions_items()):
-        if not isinstance(func, tirx.PrimFunc):
+        if not isinstance(func, tirx.PrimFunc) or _scheduled(func):
+            continue
+        if is_take_backward(func):  # a sequential loop no rule binds: written for the GPU
+            mod[gvar] = take_backward_gpu(func)
+            taken["take_backward_gpu"] += 1
             continue
         for rule in _rules():
             try:

@@ -16,9 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.phases import Build
-from pipelines.runtime.step import initial_state
-
 # A device's step must match the host build's: each output elementwise to RTOL/ATOL (different
 # CPUs and vector widths sum in different orders); or, for an updated tensor, its change to
 # CHANGE_RTOL of the host's (L2 norms). The second is for ReLU6 networks: where an activation
@@ -54,8 +51,10 @@ def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple
                   reference: list[np.ndarray], warmup: int, steps: int) -> dict:
     """What ran where, checked against the host build's outputs ``reference`` on the same
     arguments (profile@: the loss, then every updated tensor); see the module docstring."""
+    from pipelines.phases import Build
     from pipelines.runtime.images import OutOfMemory
     from pipelines.runtime.runners import RUNNERS, NotReachable
+    from pipelines.runtime.step import initial_state
 
     built = Build.load(build)
     head = {"device": device, "runner": profile.runner}

@@ -43,6 +43,7 @@ class Spec:
     optimizer: object = None
     rounds: int = 1  # interleaved rounds the timed steps are split into
     min_seconds: float = 0.0  # timed seconds per case at least, over all rounds
+    device: str = "cpu"  # "cuda": a CUDA build, and its peers on the same GPU
 
 
 def make_step(case: str, spec: Spec):
@@ -53,30 +54,43 @@ def make_step(case: str, spec: Spec):
     from pipelines.runtime.step import CompiledStep
 
     torch.set_num_threads(spec.cores)
+    if spec.device == "cuda":  # fp32 against fp32, as the compiled step computes it
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     compiled = CompiledStep(spec.build, spec.initial)
     with np.load(spec.batch) as saved:
         batch = [saved[name] for name in compiled.signature["data"]]
     if case == COMPILED:
         args = compiled.arguments(*batch)
         # the state passed in is not mutated: every call times the same step
-        return lambda: compiled.function(*args)
-    return PEERS[case].make_step(spec, compiled, batch)
+        step = lambda: compiled.function(*args)  # noqa: E731
+    else:
+        step = PEERS[case].make_step(spec, compiled, batch)
+    if spec.device == "cuda":  # kernels run asynchronously: a step ends when the GPU is done
+        return lambda: (step(), torch.cuda.synchronize())
+    return step
 
 
 def serve_case(case: str, spec: Spec, conn) -> None:
     """One case's process: warm up, say "ready", then time each round ``measure`` sends
     ((steps, seconds) at least); None ends it, answered with the peak resident memory."""
     os.environ["TVM_NUM_THREADS"] = str(spec.cores)
-    from pipelines.runtime.peak_memory import PeakRSS
+    from contextlib import nullcontext
 
-    step = make_step(case, spec)
-    # the peak counts from before the first step, because warm-up allocates too
-    with PeakRSS() as peak:
-        step_times(step, spec.warmup, 0)
-        conn.send("ready")
-        while (round_ := conn.recv()) is not None:
-            conn.send(step_times(step, 0, *round_))
-    conn.send(peak.above_baseline_bytes)
+    from pipelines.runtime.peak_memory import HeldOnGPU, PeakRSS
+
+    gpu = HeldOnGPU() if spec.device == "cuda" else nullcontext()
+    with gpu:
+        step = make_step(case, spec)
+        # the peak counts from before the first step, because warm-up allocates too
+        with PeakRSS() as peak:
+            step_times(step, spec.warmup, 0)
+            held = gpu.read() if spec.device == "cuda" else None  # the others wait meanwhile
+            conn.send("ready")
+            while (round_ := conn.recv()) is not None:
+                conn.send(step_times(step, 0, *round_))
+    conn.send({"peak_rss_bytes": peak.above_baseline_bytes,
+               **({"peak_gpu_bytes": held} if held is not None else {})})
 
 
 class _Case:
@@ -121,14 +135,14 @@ def time_interleaved(spec: Spec, cases: list[str]) -> dict[str, dict]:
             turn = index % len(workers)
             for worker in workers[turn:] + workers[:turn]:
                 times[worker.case] += worker.ask(round_)
-        peaks = {worker.case: worker.ask(None) for worker in workers}
+        memory = {worker.case: worker.ask(None) for worker in workers}
     finally:
         for worker in workers:
             worker.process.kill()
             worker.process.join()
     return {case: {"median_ms": float(np.median(times[case])),
                    "p90_ms": float(np.percentile(times[case], 90)),
-                   "peak_rss_bytes": peaks[case], "steps": len(times[case])}
+                   **memory[case], "steps": len(times[case])}
             for case in cases}
 
 
@@ -153,12 +167,30 @@ def sgemm_peak(cores: int, size: int = 1024, repeats: int = 20) -> float:
     return 2 * size**3 / float(np.median(times)) / 1e9
 
 
+def gpu_sgemm_peak(_cores: int, size: int = 4096, repeats: int = 20) -> float:
+    """GFLOP/s of a float32 matrix product on the GPU through cuBLAS (PyTorch), TF32 off as in
+    the steps it is read against."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.randn(size, size, device="cuda")
+    a @ a
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ a
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / float(np.median(times)) / 1e9
+
+
 def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     """The compiled step and each of ``peers``, each in its own process, with GFLOP/s (from the
     prune ``report``'s FLOPs), examples (tokens, for a token grid) per second, and the ratios
     of compiled vs each peer."""
     results = time_interleaved(spec, [COMPILED, *peers])
-    peak = in_fresh_process(sgemm_peak, spec.cores)
+    peak = in_fresh_process(gpu_sgemm_peak if spec.device == "cuda" else sgemm_peak, spec.cores)
     with np.load(spec.batch) as batch:
         x = batch[batch.files[0]]  # the model's first input
     tokens = x.dtype.kind in "iu" and x.ndim == 2  # a token grid: tokens/s, as LLMs are read
@@ -172,8 +204,8 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     ratios = {f"speedup_vs_{peer}": results[peer]["median_ms"] / compiled["median_ms"]
               for peer in peers}
     eager = results.get("torch_eager_full")
+    held = "peak_gpu_bytes" if spec.device == "cuda" else "peak_rss_bytes"
     if eager is not None:  # null when PyTorch's peak did not rise above its baseline
-        ratios["memory_vs_torch_eager_full"] = (compiled["peak_rss_bytes"]
-                                                / eager["peak_rss_bytes"]
-                                                if eager["peak_rss_bytes"] else None)
+        ratios["memory_vs_torch_eager_full"] = (compiled[held] / eager[held]
+                                                if eager[held] else None)
     return {**results, **ratios, "sgemm_peak_gflop_per_s": peak}

@@ -14,4 +14,5 @@ from __future__ import annotations
 
 from pipelines.registry import entries
 
-PEERS = entries(__name__, ("torch_eager_full", "torch_eager_frozen", "torch_compile_full"))
+PEERS = entries(__name__, ("torch_eager_full", "torch_eager_frozen", "torch_compile_full",
+                             "peft_lora"))

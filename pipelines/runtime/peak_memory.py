@@ -28,3 +28,30 @@ class PeakRSS:
     @property
     def above_baseline_bytes(self) -> int:
         return max(0, self.peak_kib - self.baseline_kib) * 1024
+
+
+class HeldOnGPU:
+    """GPU memory a process holds above what it held when this started (its CUDA context
+    made), read from the driver's free-memory count: the same yardstick for a compiled step
+    (TVM's pooled allocator keeps what it allocated) and PyTorch (its caching allocator keeps
+    its blocks, and cuBLAS its workspace). Other processes must not allocate between the two
+    readings: evaluate/speed.py reads it while each case warms up alone."""
+
+    def __enter__(self):
+        import torch
+
+        torch.zeros(1, device="cuda")  # the context, outside the measurement
+        torch.cuda.synchronize()
+        self.free_before = torch.cuda.mem_get_info()[0]
+        self.held_bytes = 0
+        return self
+
+    def read(self) -> int:
+        import torch
+
+        torch.cuda.synchronize()
+        self.held_bytes = max(self.held_bytes, self.free_before - torch.cuda.mem_get_info()[0])
+        return self.held_bytes
+
+    def __exit__(self, *exc):
+        return False

@@ -10,13 +10,44 @@ from pathlib import Path
 import numpy as np
 import torch
 import tvm
-from tvm import relax
+from tvm.runtime.vm import VirtualMachine  # the runtime's VM: no compiler needed to run a step
 
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts, before they start)
 from pipelines.io import read_json, verified
 from pipelines.runtime.checks import check_batch, check_finite
 
-LIBRARY, SIGNATURE = "step.so", "signature.json"
+LIBRARY, SIGNATURE, BUILT = "step.so", "signature.json", "build.json"
+
+
+def built_for_cuda(build_dir: Path) -> bool:
+    """Whether the step in ``build_dir`` runs its kernels on an NVIDIA GPU (its build's target)."""
+    import json
+
+    return json.loads(read_json(Path(build_dir) / BUILT)["target"])["kind"] == "cuda"
+
+
+def cuda_device():
+    """The first NVIDIA GPU, with TVM's CUDA runtime (libtvm_runtime_cuda.so, beside
+    libtvm_runtime.so) loaded; PyTorch, imported first, has loaded the CUDA runtime it needs.
+    A machine without one is a RuntimeError saying so."""
+    import ctypes
+
+    from tvm.libinfo import package_lib_paths
+
+    if not tvm.get_global_func("device_api.cuda", allow_missing=True):
+        try:  # where PyTorch has not loaded it, the CUDA toolkit's (ldconfig knows it)
+            ctypes.CDLL("libcudart.so.13", ctypes.RTLD_GLOBAL)
+        except OSError:
+            pass
+        found = [p / "libtvm_runtime_cuda.so" for p in package_lib_paths()
+                 if (p / "libtvm_runtime_cuda.so").exists()]
+        if not found:
+            raise RuntimeError("libtvm_runtime_cuda.so is not beside libtvm_runtime.so")
+        ctypes.CDLL(str(found[0]), ctypes.RTLD_GLOBAL)
+    device = tvm.cuda(0)
+    if not device.exist:
+        raise RuntimeError("no NVIDIA GPU on this machine (TVM's CUDA runtime finds none)")
+    return device
 
 
 class CompiledStep:
@@ -25,8 +56,9 @@ class CompiledStep:
     def __init__(self, build_dir: Path, initial: dict[str, np.ndarray]):
         build_dir = Path(build_dir)
         self.signature = read_json(build_dir / SIGNATURE)
-        self.device = tvm.cpu()
-        self.vm = relax.VirtualMachine(
+        # a CUDA build's state lives on the GPU, the VM's own bookkeeping on the CPU
+        self.device = cuda_device() if built_for_cuda(build_dir) else tvm.cpu()
+        self.vm = VirtualMachine(
             tvm.runtime.load_module(str(verified(build_dir / LIBRARY))), self.device)
         self.function = self.vm["train_step"]
         self.data = self.signature["data"]  # the step's data inputs: the model's, then labels
@@ -54,12 +86,16 @@ class CompiledStep:
         outputs = list(self.function(*self.arguments(*data)))
         names = self.signature["source_names"]
         check_finite({"loss": outputs[0].numpy(),
-                      **{names.get(name, name): np.from_dlpack(value)
+                      **{names.get(name, name): self._on_host(value)
                          for name, value in zip(self.updates, outputs[1:])}}, where)
         for name, value in zip(self.updates, outputs[1:]):
             self.state[name] = value
         self.steps += 1
         return float(outputs[0].numpy())
+
+    def _on_host(self, value) -> np.ndarray:
+        """A state tensor as numpy: a view of it on the CPU, a copy from the GPU."""
+        return np.from_dlpack(value) if self.device.dlpack_device_type() == 1 else value.numpy()
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the next steps (a schedule's: the step takes it as state)."""

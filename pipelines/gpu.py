@@ -1,0 +1,247 @@
+"""The GPU benchmark (docs/gpu.md): ``build_bundle`` compiles steps here into a bundle
+(evaluate/gpu_bundle.py); ``bench`` runs it on the machine with the GPU, against PyTorch on the
+same GPU, in one run (`pock gpu bundle`, `pock gpu bench`):
+
+- parity: ``PARITY_STEPS`` steps of each case's parity build against PyTorch doing the identical
+  update (evaluate/parity.py), TF32 off on both sides (fp32 is fp32);
+- speed: the speed build timed interleaved with its peers (evaluate/speed.py, each in its own
+  process): PyTorch eager full backpropagation, and for a sparse case eager with the same
+  parameters frozen, for a full one ``torch.compile``; ms per step, examples or tokens per
+  second, the GPU memory each holds above its CUDA context, GFLOP/s against cuBLAS's float32
+  matrix product measured in the same run.
+
+A step built for the CPU runs the same way on the CPU (how the tests check this module).
+"""
+from __future__ import annotations
+
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+
+from pipelines.io import read_json, save_arrays
+from pipelines.schema import ConfigError
+from pipelines.evaluate.gpu_bundle import CASES, initial_values, seeded_batches
+
+PARITY_STEPS = 3
+
+
+def machine(device: str) -> dict:
+    """What ran it: the GPU's name and memory, the driver, PyTorch."""
+    import torch
+
+    if device != "cuda":
+        return {"device": "cpu", "processor": platform.processor(), "torch": torch.__version__}
+    properties = torch.cuda.get_device_properties(0)
+    return {"device": "cuda", "gpu": properties.name,
+            "gpu_memory_bytes": properties.total_memory,
+            "multiprocessors": properties.multi_processor_count,
+            "cuda": torch.version.cuda, "torch": torch.__version__}
+
+
+def peers_of(case: dict, signature: dict) -> list[str]:
+    """Full backpropagation in PyTorch for every case; a sparse case's own PyTorch (frozen),
+    a full case's compiled PyTorch; a LoRA case's PEFT."""
+    if case["scheme"] == "full":
+        return ["torch_eager_full", "torch_compile_full"]
+    lora = signature.get("lora") is not None
+    return ["torch_eager_full", "torch_eager_frozen", *(["peft_lora"] if lora else [])]
+
+
+def bench_case(bundle: Path, case: dict, timing: dict, device: str, result: dict,
+               done=None) -> None:
+    """One case into ``result``: its parity build against PyTorch, then its speed build beside
+    the peers; either one that fails is recorded with its error, and the other still runs.
+    ``done()`` after each."""
+    result["scheme"] = case["scheme"]
+    for role, run in (("parity", _parity), ("speed", _speed)):
+        start = time.perf_counter()
+        try:
+            result[role] = run(bundle, case, timing, device)
+        except Exception as err:  # noqa: BLE001 - recorded: the table says why
+            import traceback
+
+            traceback.print_exc()
+            result[role] = {"error": f"{type(err).__name__}: {err}"}
+        result[role]["seconds"] = time.perf_counter() - start
+        print(f"  {role}: {result[role]['seconds']:.1f} s", flush=True)
+        if done is not None:
+            done()
+
+
+def _loaded(bundle: Path, case: dict, role: str):
+    from pydantic import TypeAdapter
+
+    from pipelines.config import Model, Optimizer
+
+    build = bundle / case["builds"][role]
+    model = TypeAdapter(Model).validate_python(case["models"][role])
+    signature = read_json(build / "signature.json")
+    initial = initial_values(build, model, signature, case["seed"])
+    optimizer = TypeAdapter(Optimizer).validate_python(case["optimizer"])
+    return (build, model, optimizer, signature, initial,
+            seeded_batches(signature, case["seed"], PARITY_STEPS))
+
+
+def _parity(bundle: Path, case: dict, timing: dict, device: str) -> dict:
+    from pipelines.evaluate.parity import compare_steps
+
+    build, model, optimizer, _, initial, batches = _loaded(bundle, case, "parity")
+    return {**compare_steps(build, model, optimizer, initial, batches, device,
+                            chained=case["parity_chained"]), "layers": case["parity_layers"]}
+
+
+def _speed(bundle: Path, case: dict, timing: dict, device: str) -> dict:
+    from pipelines.evaluate.speed import Spec, measure
+
+    build, model, optimizer, signature, initial, batches = _loaded(bundle, case, "speed")
+    with tempfile.TemporaryDirectory(prefix="pock-gpu-") as tmp:
+        batch = Path(tmp) / "batch.npz"
+        save_arrays(batch, dict(zip(signature["data"], batches[0])))
+        spec = Spec(cores=timing["cores"], warmup=timing["warmup"], steps=timing["steps"],
+                    batch=batch, build=build, initial=initial, model=model,
+                    optimizer=optimizer, rounds=timing["rounds"],
+                    min_seconds=timing["min_seconds"], device=device)
+        speed = measure(spec, peers_of(case, signature), case["report"])
+    return {**speed, "planned_peak_bytes": read_json(build / "plan.json")["planned_peak_bytes"]}
+
+
+def build_bundle(out: Path, overrides: list[str], profile_name: str = "nvidia_hopper",
+                 python: str = "3.12", parity_layers: int = 2,
+                 unchained: tuple[str, ...] = ("mbv2",), runtime: bool = True) -> dict:
+    """``experiment=gpu``'s cases (with Hydra ``overrides``) compiled through the one chain
+    for ``profile_name`` into the bundle ``out`` (evaluate/gpu_bundle.py: a speed build, a
+    parity build of a transformers model's first ``parity_layers`` layers; the steps of
+    ``unchained`` models each checked from the initial state), with TVM's runtime and the
+    wheels for CPython ``python`` unless not ``runtime``; replaced in one rename. Its cases."""
+    import yaml
+
+    from pipelines.compile import compile, import_and_lower
+    from pipelines.compose import compose_text
+    from pipelines.config import case_optimizer, validate
+    from pipelines.evaluate import gpu_bundle
+    from pipelines.io import atomic_dir, write_json_atomic
+    from pipelines.profiles import load_profile
+
+    params = validate(yaml.safe_load(compose_text(["experiment=gpu", *overrides])))
+    profile = load_profile(profile_name, params.profiles.get(profile_name))
+    lowered, cases = {}, {}
+    with atomic_dir(out) as bundle:
+        for name, spec in params.cases.items():
+            model, scheme = params.models[spec.model], params.schemes[spec.scheme]
+            optimizer = case_optimizer(params, spec)
+            small = gpu_bundle.parity_model(model, parity_layers)
+            builds, models, report = {}, {}, None
+            for role, section in (("speed", model), ("parity", small)):
+                if section is None:  # small already: its speed build is checked
+                    builds[role], models[role] = builds["speed"], models["speed"]
+                    continue
+                if (spec.model, role) not in lowered:
+                    lowered[spec.model, role] = import_and_lower(section, seed=params.seed)
+                directory = bundle / "cases" / name / role
+                print(f"gpu bundle: {name} ({role}) for {profile.name}", flush=True)
+                built = compile(section, scheme.rules, optimizer, profile, directory,
+                                lora=scheme.lora, scheme_name=spec.scheme,
+                                lowered=lowered[spec.model, role], seed=params.seed)
+                gpu_bundle.save_extra(directory, section, built.signature, built.initial,
+                                      params.seed)
+                builds[role] = str(directory.relative_to(bundle))
+                models[role] = section.model_dump(mode="json")
+                report = report or built.report  # the speed build's: its FLOPs
+            cases[name] = {"scheme": spec.scheme, "seed": params.seed,
+                           "optimizer": optimizer.model_dump(mode="json"),
+                           "parity_layers": None if small is None else parity_layers,
+                           "parity_chained": spec.model not in unchained,
+                           "report": report, "builds": builds, "models": models}
+        write_json_atomic(bundle / CASES, cases)
+        if runtime:
+            gpu_bundle.copy_runtime(bundle)
+            gpu_bundle.download_wheels(bundle, python)
+    return cases
+
+
+def _fp32_only() -> None:
+    """fp32 against fp32: PyTorch's convolutions would otherwise take TF32 on Ampere and
+    later, as its products would with allow_tf32."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def _case_process(bundle: Path, case: dict, timing: dict, device: str, queue) -> None:
+    _fp32_only()
+    result = {}
+    bench_case(bundle, case, timing, device, result, lambda: queue.put(dict(result)))
+
+
+def run_case(bundle: Path, case: dict, timing: dict, device: str, seconds: float, done) -> dict:
+    """``bench_case`` in a process of its own, stopped after ``seconds``: a case that hangs or
+    crashes is recorded as such (with what it finished), and the next case runs."""
+    import multiprocessing
+    import queue as queues
+
+    context = multiprocessing.get_context("spawn")
+    channel = context.Queue()
+    worker = context.Process(target=_case_process, args=(bundle, case, timing, device, channel))
+    worker.start()
+    result, deadline = {"scheme": case["scheme"]}, time.monotonic() + seconds
+    while True:
+        try:
+            result = channel.get(timeout=1.0)
+            done(result)
+            if "speed" in result:
+                break
+        except queues.Empty:
+            if not worker.is_alive() or time.monotonic() > deadline:
+                stopped = "timed out" if worker.is_alive() else f"exit {worker.exitcode}"
+                for role in ("parity", "speed"):
+                    result.setdefault(role, {"error": f"{stopped} after {seconds:g} s"
+                                             if stopped == "timed out" else stopped})
+                break
+    worker.kill()
+    worker.join()
+    return result
+
+
+def bench(bundle: Path, timing: dict, only: list[str] | None = None, done=None) -> dict:
+    """Every case of the bundle (or ``only`` these, in that order), each in its own process
+    for at most ``timing["case_seconds"]``: parity, then speed; ``done(results)`` as each
+    phase ends (a run cut short keeps what it finished)."""
+    import torch
+
+    cases = read_json(bundle / CASES)
+    unknown = sorted(set(only or []) - set(cases))
+    if unknown:
+        raise ConfigError(f"{bundle / CASES}: no case {unknown}; its cases: {sorted(cases)}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    results = {"machine": machine(device)}
+
+    def finished(name: str, result: dict) -> None:
+        results[name] = result
+        if done is not None:
+            done(results)
+
+    for name in only or cases:
+        print(f"gpu bench: {name}", flush=True)
+        result = run_case(bundle, cases[name], timing, device, timing["case_seconds"],
+                          lambda result, name=name: finished(name, result))
+        finished(name, result)
+        print(summary(name, result), flush=True)
+    return results
+
+
+def summary(name: str, result: dict) -> str:
+    parity, speed = result["parity"], result["speed"]
+    said = [f"parity FAILED ({parity['error']})" if "error" in parity else
+            f"parity {'ok' if parity['matches'] else 'DIFFERS'} (losses "
+            f"{parity['loss_max_relative_error']:.1e} rel, tensors "
+            f"{parity['worst_diff_over_tolerance']:.2g}x tolerance)"]
+    if "error" in speed:
+        said.append(f"speed FAILED ({speed['error']})")
+    else:
+        said.append(f"{speed['compiled']['median_ms']:.2f} ms/step")
+        said += [f"{k.removeprefix('speedup_vs_')} {v:.2f}x" for k, v in speed.items()
+                 if k.startswith("speedup_vs_")]
+    return f"{name}: " + "; ".join(said)

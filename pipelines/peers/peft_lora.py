@@ -1,0 +1,29 @@
+"""PEFT's LoRA (the `peft` package) on the plain model, as a Hugging Face user adds adapters: the
+same rank, scale and target modules as the case's LoRA scheme, the base frozen, the same
+optimizer over the adapters. Its adapters start as PEFT initialises them (a speed peer: what it
+computes per step is the compiled LoRA step's)."""
+from __future__ import annotations
+
+WORK = "pruned"
+
+
+def make_step(spec, compiled, batch):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from pipelines.frontends.twin import torch_twin
+    from pipelines.models.pytorch import make_optimizer, train_step
+    from pipelines.models.torch_lora import adapted_modules
+
+    lora = compiled.signature.get("lora")
+    if lora is None:
+        raise ValueError("the peft_lora peer times LoRA cases only (a scheme with lora:)")
+    names = compiled.signature["source_names"].values()
+    model = torch_twin(spec.model, compiled.signature, spec.initial, adapters=False)
+    config = LoraConfig(r=lora["rank"], lora_alpha=lora["scale"] * lora["rank"],
+                        target_modules=adapted_modules(names), lora_dropout=0.0, bias="none")
+    model = get_peft_model(model, config).to(spec.device)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    optimizer = make_optimizer(model, spec.optimizer, trainable)
+    tensors = [torch.from_numpy(a).to(spec.device) for a in batch]
+    return lambda: train_step(model, optimizer, *tensors, task=compiled.signature["task"])
