@@ -34,6 +34,15 @@ def test_the_cosine_schedule_is_transformers_own():
     assert learning_rate(0.3, 17, total, "constant", warmup) == 0.3
 
 
+def _classifier_data(seed: int) -> dict:
+    """A seeded split for tests/frontends/task_heads.py's classifier: 40 training and 12 test
+    examples of 5 features, 3 classes."""
+    rng = np.random.default_rng(seed)
+    return {f"finetune_{split}_{k}": v for split, n in (("train", 40), ("test", 12))
+            for k, v in (("x", rng.standard_normal((n, 5)).astype("float32")),
+                         ("y", rng.integers(0, 3, n)))}
+
+
 def test_a_cosine_run_steps_like_pytorch(tmp_path, host_profile):
     from pipelines.compile import compile
 
@@ -41,10 +50,7 @@ def test_a_cosine_run_steps_like_pytorch(tmp_path, host_profile):
                           entry="classifier", batch_size=4,
                           finetune={"epochs": 2, "lr_schedule": "cosine", "warmup_steps": 3})
     compiled = compile(model, [{"modules": ["*"]}], ADAMW, host_profile, tmp_path)
-    rng = np.random.default_rng(0)
-    data = {f"finetune_{split}_{k}": v for split, n in (("train", 40), ("test", 12))
-            for k, v in (("x", rng.standard_normal((n, 5)).astype("float32")),
-                         ("y", rng.integers(0, 3, n)))}
+    data = _classifier_data(0)
     run = finetune(model, compiled.directory, compiled.initial, ADAMW, data, 2, 0)
     assert [r["lr"] for r in run.losses] == [learning_rate(0.01, s, 20, "cosine", 3)
                                              for s in range(20)]
@@ -78,10 +84,7 @@ def test_a_step_count_cuts_the_last_epoch_and_evaluations_come_every_n_steps(tmp
                           finetune={"epochs": 1, "max_steps": 13, "eval_every": 5,
                                     "lr_schedule": "cosine"})
     compiled = compile(model, [{"modules": ["*"]}], ADAMW, host_profile, tmp_path)
-    rng = np.random.default_rng(1)
-    data = {f"finetune_{split}_{k}": v for split, n in (("train", 40), ("test", 12))
-            for k, v in (("x", rng.standard_normal((n, 5)).astype("float32")),
-                         ("y", rng.integers(0, 3, n)))}
+    data = _classifier_data(1)
     run = finetune(model, compiled.directory, compiled.initial, ADAMW, data, 1, 0)
     # 10 steps an epoch: 13 steps are two epochs, the second cut after 3; the schedule spans 13
     assert (run.metrics["steps"], run.metrics["epochs"]) == (13, 2)

@@ -159,23 +159,23 @@ class Accumulating:
     def prepare(self, bb, state: dict) -> tuple[dict, dict]:
         emit = _emitter(bb, "accumulated")
         count = emit(add(state["accumulated"], relax.const(1.0, "float32")))
-        steps = emit(relax.op.greater_equal(count, relax.const(float(self.steps), "float32")))
+        stepping = emit(relax.op.greater_equal(count, relax.const(float(self.steps), "float32")))
         new_inner, factors = self.inner.prepare(bb, state)
-        new_state = {slot: emit(relax.op.where(steps, value, state[slot]))
+        new_state = {slot: emit(relax.op.where(stepping, value, state[slot]))
                      for slot, value in new_inner.items()}
-        new_state["accumulated"] = emit(relax.op.where(steps, relax.const(0.0, "float32"),
+        new_state["accumulated"] = emit(relax.op.where(stepping, relax.const(0.0, "float32"),
                                                        count))
-        return new_state, {**factors, "steps": steps}
+        return new_state, {**factors, "stepping": stepping}
 
     def update(self, bb, name: str, w, g, state: dict, shared: dict):
         emit = _emitter(bb, name)
         total = emit(add(state["grad_sum"], multiply(g, _const(1 / self.steps, g))))
         new_w, new_inner = self.inner.update(bb, name, w, total, state, shared)
-        steps = shared["steps"]
-        new_state = {slot: emit(relax.op.where(steps, value, state[slot]))
+        stepping = shared["stepping"]
+        new_state = {slot: emit(relax.op.where(stepping, value, state[slot]))
                      for slot, value in new_inner.items()}
-        new_state["grad_sum"] = emit(relax.op.where(steps, _const(0.0, g), total))
-        return emit(relax.op.where(steps, new_w, w)), new_state
+        new_state["grad_sum"] = emit(relax.op.where(stepping, _const(0.0, g), total))
+        return emit(relax.op.where(stepping, new_w, w)), new_state
 
     def torch_kwargs(self) -> dict:
         return self.inner.torch_kwargs()
