@@ -171,6 +171,12 @@ def _fp32_only() -> None:
 
 
 def _case_process(bundle: Path, case: dict, timing: dict, device: str, queue) -> None:
+    import faulthandler
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"  # a GPU host may reach no network: never wait on one
+    # a case about to be stopped says where it stands (which call has not returned)
+    faulthandler.dump_traceback_later(max(1.0, timing["case_seconds"] - 5), exit=False)
     _fp32_only()
     result = {}
     bench_case(bundle, case, timing, device, result, lambda: queue.put(dict(result)))
