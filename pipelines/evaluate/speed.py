@@ -1,14 +1,18 @@
 """Speed and memory of a compiled step against its peers, in one run: the compiled step and the
 peers ``benchmark.peers`` names (pipelines/peers: PyTorch eager with full backpropagation,
-eager with the scheme's frozen layers frozen, `torch.compile`d full backpropagation), each in
+eager with the scheme's frozen layers frozen, `torch.compile`d full backpropagation, PEFT's
+LoRA), each in
 its own process with the same batch and thread count. Each gives step times (ms) and peak resident
 memory above its process's baseline; the ratios are compiled vs each peer.
 
 The cases are timed in interleaved rounds (compiled, peers, compiled, peers, ...), not one after
 the other: a shared machine's load comes and goes over seconds, and timed back to back one case
 could get a quiet minute and the next a busy one. Interleaved, each case sees the same weather,
-so their ratio holds where their absolute times do not (docs/tuning.md, "Timing"). ``sgemm_peak``
-measures what the machine's BLAS reaches, the yardstick for GFLOP/s.
+so their ratio holds where their absolute times do not (docs/tuning.md, "Timing"). Peers that
+do not fit in memory beside each other (a real-size LLM's PyTorch peers take gigabytes each)
+take their turn in later groups against the compiled step, interleaved the same way.
+``sgemm_peak`` measures what the machine's BLAS reaches (cuBLAS's for a GPU), the yardstick for
+GFLOP/s. On a GPU (``Spec.device``), each case's memory is also what it holds on the GPU.
 """
 from __future__ import annotations
 
@@ -72,8 +76,9 @@ def make_step(case: str, spec: Spec):
 
 
 def serve_case(case: str, spec: Spec, conn) -> None:
-    """One case's process: warm up, say "ready", then time each round ``measure`` sends
-    ((steps, seconds) at least); None ends it, answered with the peak resident memory."""
+    """One case's process: warm up, say it is ready (with its peak resident memory so far),
+    then time each round ``measure`` sends ((steps, seconds) at least); None ends it, answered
+    with the peak resident memory (and GPU memory held)."""
     os.environ["TVM_NUM_THREADS"] = str(spec.cores)
     from contextlib import nullcontext
 
@@ -86,7 +91,7 @@ def serve_case(case: str, spec: Spec, conn) -> None:
         with PeakRSS() as peak:
             step_times(step, spec.warmup, 0)
             held = gpu.read() if spec.device == "cuda" else None  # the others wait meanwhile
-            conn.send("ready")
+            conn.send({"ready": True, "peak_rss_bytes": peak.so_far_bytes()})
             while (round_ := conn.recv()) is not None:
                 conn.send(step_times(step, 0, *round_))
     conn.send({"peak_rss_bytes": peak.above_baseline_bytes,
@@ -117,27 +122,60 @@ class _Case:
         return self.receive()
 
 
-def time_interleaved(spec: Spec, cases: list[str]) -> dict[str, dict]:
-    """Each case's step times and peak memory: every case warmed up in its own process, one
+def available_bytes() -> int:
+    """What this machine can still give without swapping (MemAvailable)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemAvailable")
+
+
+# Start another peer only while the machine has room for this many of the largest case warmed
+# up so far.
+HEADROOM = 1.25
+
+
+def time_interleaved(spec: Spec, cases: list[str], available=available_bytes
+                     ) -> dict[str, dict]:
+    """Each case's step times and peak memory, each case in its own process, warmed up one
     after the other (none warms up, or compiles, while another is timed), then timed in
-    ``spec.rounds`` rounds, each case in turn, the order rotating each round."""
+    ``spec.rounds`` rounds, each case in turn, the order rotating each round.
+
+    The first case (the compiled step) stays up throughout; the others start while the
+    machine has room for another of the largest warmed up so far (its measured peak). Those
+    that do not fit beside them take their turn in a later group, timed against the first
+    case in the same way: every peer measured, none beside more than the machine holds."""
     from pipelines.progress import progress
 
     context = multiprocessing.get_context("spawn")
-    workers = []
+    started, times, memory = [], {case: [] for case in cases}, {}
+    round_ = (math.ceil(spec.steps / spec.rounds), spec.min_seconds / spec.rounds)
+
+    def start(case: str) -> int:
+        started.append(_Case(context, case, spec))
+        return started[-1].receive()["peak_rss_bytes"]
+
     try:
-        for case in progress(cases, "speed: warm-up"):
-            workers.append(_Case(context, case, spec))
-            workers[-1].receive()  # "ready"
-        times = {case: [] for case in cases}
-        round_ = (math.ceil(spec.steps / spec.rounds), spec.min_seconds / spec.rounds)
-        for index in progress(range(spec.rounds), "speed: rounds"):
-            turn = index % len(workers)
-            for worker in workers[turn:] + workers[:turn]:
-                times[worker.case] += worker.ask(round_)
-        memory = {worker.case: worker.ask(None) for worker in workers}
+        largest, first, pending = start(cases[0]), started[0], list(cases[1:])
+        while True:
+            group = []
+            while pending and (not group or available() > HEADROOM * largest):
+                largest = max(largest, start(pending.pop(0)))
+                group.append(started[-1])
+            workers = [first, *group]
+            for index in progress(range(spec.rounds), f"speed: {len(workers)} cases"):
+                turn = index % len(workers)
+                for worker in workers[turn:] + workers[:turn]:
+                    times[worker.case] += worker.ask(round_)
+            for worker in group:  # done: its memory goes back before the next group starts
+                memory[worker.case] = worker.ask(None)
+                worker.process.kill()
+                worker.process.join()
+            if not pending:
+                break
+        memory[first.case] = first.ask(None)
     finally:
-        for worker in workers:
+        for worker in started:
             worker.process.kill()
             worker.process.join()
     return {case: {"median_ms": float(np.median(times[case])),

@@ -29,6 +29,10 @@ class PeakRSS:
     def above_baseline_bytes(self) -> int:
         return max(0, self.peak_kib - self.baseline_kib) * 1024
 
+    def so_far_bytes(self) -> int:
+        """The peak above the baseline up to now, inside the measured work."""
+        return max(0, _status_kib("VmHWM") - self.baseline_kib) * 1024
+
 
 class HeldOnGPU:
     """GPU memory a process holds above what it held when this started (its CUDA context
