@@ -6,9 +6,9 @@ same GPU, in one run (`pock gpu bundle`, `pock gpu bench`):
   update (evaluate/parity.py), TF32 off on both sides (fp32 is fp32);
 - speed: the speed build timed interleaved with its peers (evaluate/speed.py, each in its own
   process): PyTorch eager full backpropagation, and for a sparse case eager with the same
-  parameters frozen, for a full one ``torch.compile``; ms per step, examples or tokens per
-  second, the GPU memory each holds above its CUDA context, GFLOP/s against cuBLAS's float32
-  matrix product measured in the same run.
+  parameters frozen (and PEFT for a LoRA case), for a full one ``torch.compile``; ms per step,
+  examples or tokens per second, the GPU memory each holds above its CUDA context, GFLOP/s
+  against cuBLAS's float32 matrix product measured in the same run.
 
 A step built for the CPU runs the same way on the CPU (how the tests check this module).
 """
@@ -19,10 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-
+from pipelines.evaluate.gpu_bundle import CASES, initial_values, seeded_batches
 from pipelines.io import read_json, save_arrays
 from pipelines.schema import ConfigError
-from pipelines.evaluate.gpu_bundle import CASES, initial_values, seeded_batches
 
 PARITY_STEPS = 3
 
@@ -162,8 +161,8 @@ def build_bundle(out: Path, overrides: list[str], profile_name: str = "nvidia_ho
 
 
 def _fp32_only() -> None:
-    """fp32 against fp32: PyTorch's convolutions would otherwise take TF32 on Ampere and
-    later, as its products would with allow_tf32."""
+    """fp32 against fp32: PyTorch would otherwise run its convolutions in TF32 on Ampere and
+    later."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
