@@ -15,6 +15,7 @@ A step built for the CPU runs the same way on the CPU (how the tests check this 
 from __future__ import annotations
 
 import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -48,16 +49,16 @@ def peers_of(case: dict, signature: dict) -> list[str]:
     return ["torch_eager_full", "torch_eager_frozen", *(["peft_lora"] if lora else [])]
 
 
-def bench_case(bundle: Path, case: dict, timing: dict, device: str, result: dict,
-               done=None) -> None:
+def bench_case(bundle: Path, case: dict, timing: dict, device: str, scratch: Path,
+               result: dict, done=None) -> None:
     """One case into ``result``: its parity build against PyTorch, then its speed build beside
     the peers; either one that fails is recorded with its error, and the other still runs.
-    ``done()`` after each."""
+    ``scratch``: a directory for the batch the speed processes read. ``done()`` after each."""
     result["scheme"] = case["scheme"]
     for role, run in (("parity", _parity), ("speed", _speed)):
         start = time.perf_counter()
         try:
-            result[role] = run(bundle, case, timing, device)
+            result[role] = run(bundle, case, timing, device, scratch)
         except Exception as err:  # noqa: BLE001 - recorded: the table says why
             import traceback
 
@@ -83,7 +84,7 @@ def _loaded(bundle: Path, case: dict, role: str):
             seeded_batches(signature, case["seed"], PARITY_STEPS))
 
 
-def _parity(bundle: Path, case: dict, timing: dict, device: str) -> dict:
+def _parity(bundle: Path, case: dict, timing: dict, device: str, scratch: Path) -> dict:
     from pipelines.evaluate.parity import compare_steps
 
     build, model, optimizer, _, initial, batches = _loaded(bundle, case, "parity")
@@ -91,18 +92,16 @@ def _parity(bundle: Path, case: dict, timing: dict, device: str) -> dict:
                             chained=case["parity_chained"]), "layers": case["parity_layers"]}
 
 
-def _speed(bundle: Path, case: dict, timing: dict, device: str) -> dict:
+def _speed(bundle: Path, case: dict, timing: dict, device: str, scratch: Path) -> dict:
     from pipelines.evaluate.speed import Spec, measure
 
     build, model, optimizer, signature, initial, batches = _loaded(bundle, case, "speed")
-    with tempfile.TemporaryDirectory(prefix="pock-gpu-") as tmp:
-        batch = Path(tmp) / "batch.npz"
-        save_arrays(batch, dict(zip(signature["data"], batches[0])))
-        spec = Spec(cores=timing["cores"], warmup=timing["warmup"], steps=timing["steps"],
-                    batch=batch, build=build, initial=initial, model=model,
-                    optimizer=optimizer, rounds=timing["rounds"],
-                    min_seconds=timing["min_seconds"], device=device)
-        speed = measure(spec, peers_of(case, signature), case["report"])
+    batch = scratch / "batch.npz"
+    save_arrays(batch, dict(zip(signature["data"], batches[0])))
+    spec = Spec(cores=timing["cores"], warmup=timing["warmup"], steps=timing["steps"],
+                batch=batch, build=build, initial=initial, model=model, optimizer=optimizer,
+                rounds=timing["rounds"], min_seconds=timing["min_seconds"], device=device)
+    speed = measure(spec, peers_of(case, signature), case["report"])
     return {**speed, "planned_peak_bytes": read_json(build / "plan.json")["planned_peak_bytes"]}
 
 
@@ -169,7 +168,8 @@ def _fp32_only() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def _case_process(bundle: Path, case: dict, timing: dict, device: str, queue) -> None:
+def _case_process(bundle: Path, case: dict, timing: dict, device: str, scratch: Path,
+                  queue) -> None:
     import faulthandler
     import os
 
@@ -178,7 +178,7 @@ def _case_process(bundle: Path, case: dict, timing: dict, device: str, queue) ->
     faulthandler.dump_traceback_later(max(1.0, timing["case_seconds"] - 5), exit=False)
     _fp32_only()
     result = {}
-    bench_case(bundle, case, timing, device, result, lambda: queue.put(dict(result)))
+    bench_case(bundle, case, timing, device, scratch, result, lambda: queue.put(dict(result)))
 
 
 def run_case(bundle: Path, case: dict, timing: dict, device: str, seconds: float, done) -> dict:
@@ -189,7 +189,10 @@ def run_case(bundle: Path, case: dict, timing: dict, device: str, seconds: float
 
     context = multiprocessing.get_context("spawn")
     channel = context.Queue()
-    worker = context.Process(target=_case_process, args=(bundle, case, timing, device, channel))
+    # made and removed here: a case stopped by force leaves nothing behind
+    scratch = Path(tempfile.mkdtemp(prefix="pock-gpu-"))
+    worker = context.Process(target=_case_process,
+                             args=(bundle, case, timing, device, scratch, channel))
     worker.start()
     result, deadline = {"scheme": case["scheme"]}, time.monotonic() + seconds
     while True:
@@ -207,6 +210,7 @@ def run_case(bundle: Path, case: dict, timing: dict, device: str, seconds: float
                 break
     worker.kill()
     worker.join()
+    shutil.rmtree(scratch, ignore_errors=True)
     return result
 
 

@@ -21,10 +21,7 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 # A repository a test makes with `dvc init` has DVC's analytics on (the project's .dvc/config
 # turns them off): each dvc command there leaves its unsent report in /tmp.
 os.environ["DVC_NO_ANALYTICS"] = "1"
-# PyTorch makes its Inductor cache directory (/tmp/torchinductor_<user> by default) as soon as a
-# test touches torch._inductor, compiling or not: keep it with pock's other caches instead.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                      str(Path.home() / ".cache" / "pockengine" / "torchinductor"))
+# (pipelines/__init__.py keeps PyTorch's Inductor cache out of /tmp.)
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = {"kind": "llvm"}  # this machine's CPU, default schedules
