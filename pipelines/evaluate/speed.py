@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,20 +188,19 @@ def in_fresh_process(function, *args):
         return pool.apply(function, args)
 
 
+def _product_gflops(product, size: int, repeats: int) -> float:
+    """GFLOP/s of ``product()``, a size x size x size float32 matrix product (median time)."""
+    return 2 * size**3 / (float(np.median(step_times(product, 1, repeats))) / 1e3) / 1e9
+
+
 def sgemm_peak(cores: int, size: int = 1024, repeats: int = 20) -> float:
     """GFLOP/s of a float32 matrix product on ``cores`` threads (numpy's OpenBLAS): what this
     machine's tuned BLAS reaches, the ceiling a training step's GFLOP/s is read against."""
     from threadpoolctl import threadpool_limits  # numpy is loaded already: limit its BLAS
 
     a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
-    times = []
     with threadpool_limits(limits=cores, user_api="blas"):
-        a @ a
-        for _ in range(repeats):
-            start = time.perf_counter()
-            a @ a
-            times.append(time.perf_counter() - start)
-    return 2 * size**3 / float(np.median(times)) / 1e9
+        return _product_gflops(lambda: a @ a, size, repeats)
 
 
 def gpu_sgemm_peak(_cores: int, size: int = 4096, repeats: int = 20) -> float:
@@ -212,15 +210,7 @@ def gpu_sgemm_peak(_cores: int, size: int = 4096, repeats: int = 20) -> float:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     a = torch.randn(size, size, device="cuda")
-    a @ a
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ a
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / float(np.median(times)) / 1e9
+    return _product_gflops(lambda: (a @ a, torch.cuda.synchronize()), size, repeats)
 
 
 def measure(spec: Spec, peers: list[str], report: dict) -> dict:
