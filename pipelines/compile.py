@@ -11,8 +11,9 @@ in order.
     Phase 3  sparse update   frozen parameters' updates pruned, channel-sparse updates sliced
                              -> PrunedStep
     Phase 4  optimize        updates reordered, activations recomputed, the loss and products as
-                             kernels of their own, then legalized and fused; the static memory
-                             plan (Phase 5, read without building) -> OptimizedStep
+                             kernels of their own, then legalized and fused, the state updated
+                             in place; the static memory plan (Phase 5, read without building)
+                             -> OptimizedStep
     Phase 6  build           tuned or default schedules, backend choice, codegen, link
                              (backend/) -> Build
 """
@@ -41,7 +42,7 @@ from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import select
 from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FuseSoftmaxCrossEntropy, IsolateGemms,
                                  PlainPowers, PruneFrozenUpdates, RecomputeActivations,
-                                 ReorderUpdates, SliceChannelUpdates)
+                                 ReorderUpdates, SliceChannelUpdates, UpdateInPlace)
 
 NOTHING = tvm.transform.Sequential([])  # an optional pass that is off keeps its place
 
@@ -106,7 +107,8 @@ def sparse_update(full: TrainingStep, rules: list, scheme_name: str) -> PrunedSt
     return PrunedStep(pruned, rules, scheme_report(full.module, pruned))
 
 
-def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool) -> tvm.IRModule:
+def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool,
+               update_in_place: bool) -> tvm.IRModule:
     return tvm.transform.Sequential([
         ReorderUpdates() if reorder_updates else NOTHING,
         RecomputeActivations() if recompute else NOTHING,
@@ -123,6 +125,7 @@ def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool) -> 
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(["train_step"]),
+        UpdateInPlace() if update_in_place else NOTHING,
     ])(pruned)
 
 
@@ -132,18 +135,21 @@ def plan(optimized: tvm.IRModule) -> dict:
 
 
 def optimize(pruned: PrunedStep, reorder_updates: bool = True, recompute: str = "never",
-             budgets: dict[str, float] | None = None) -> OptimizedStep:
+             budgets: dict[str, float] | None = None, update_in_place: bool = True
+             ) -> OptimizedStep:
     """Phase 4 (and 5): the pruned step optimized and fused (target-independent), and its plan.
     ``recompute``: never, always, or auto: the step keeps its activations, and a twin that
     recomputes cheap ones is made too when the plan is over one of ``budgets`` (bytes, by
-    device: the devices that build the case)."""
-    step = _optimized(pruned.module, reorder_updates, recompute == "always")
+    device: the devices that build the case). ``update_in_place``: the state's new values
+    written over the old ones (transform/update_in_place.py)."""
+    step = _optimized(pruned.module, reorder_updates, recompute == "always", update_in_place)
     planned = plan(step) | {"reorder_updates": reorder_updates,
+                            "updated_in_place": len(signature_of(step).get("updated_in_place", [])),
                             "recomputed": recompute == "always", "recompute": None}
     twin = None
     over = [d for d, b in (budgets or {}).items() if planned["planned_peak_bytes"] > b]
     if recompute == "auto" and over:
-        twin = _optimized(pruned.module, reorder_updates, True)
+        twin = _optimized(pruned.module, reorder_updates, True, update_in_place)
         planned["recompute"] = plan(twin) | {"recomputed": True, "for": sorted(over)}
     return OptimizedStep(step, planned, twin)
 
@@ -221,7 +227,7 @@ def import_and_lower(model, weights: dict | None = None, seed: int = 0) -> Lower
 def compile_to_plan(model, rules: list, optimizer, *, lora=None, weights: dict | None = None,
                     seed: int = 0, reorder_updates: bool = True, recompute: str = "never",
                     budgets: dict[str, float] | None = None, scheme_name: str = "scheme",
-                    lowered: Lowered | None = None
+                    lowered: Lowered | None = None, update_in_place: bool = True
                     ) -> tuple[TrainingStep, PrunedStep, OptimizedStep]:
     """Phases 1 to 5 in memory: ``model`` (from ``lowered`` if given, else imported with
     ``weights``), the scheme's ``rules`` (and ``lora``), ``optimizer``; ``budgets`` by device,
@@ -229,7 +235,7 @@ def compile_to_plan(model, rules: list, optimizer, *, lora=None, weights: dict |
     lowered = lowered or import_and_lower(model, weights, seed)
     full = training_graph(lowered, optimizer, lora, seed, model.task)
     pruned = sparse_update(full, rules, scheme_name)
-    return full, pruned, optimize(pruned, reorder_updates, recompute, budgets)
+    return full, pruned, optimize(pruned, reorder_updates, recompute, budgets, update_in_place)
 
 
 def compile(model, rules: list, optimizer, profile, directory: Path, *, database=None,

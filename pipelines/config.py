@@ -130,6 +130,7 @@ Optimizer = Annotated[Union[SGD, Adam], Field(discriminator="kind")]
 
 class OptimizeOverride(Strict):
     reorder_updates: bool | None = None
+    update_in_place: bool | None = None
     recompute: Literal["never", "auto", "always"] | None = None
 
 
@@ -148,6 +149,7 @@ class Case(Strict):
 
 class Optimize(Strict):
     reorder_updates: bool
+    update_in_place: bool
     recompute: Literal["never", "auto", "always"]
 
 

@@ -61,6 +61,7 @@ class PruneInputs(Strict):
 
 class OptimizeInputs(Strict):
     reorder_updates: bool
+    update_in_place: bool
     recompute: Literal["never", "auto", "always"]
     budgets: dict[str, float]  # bytes the step may plan for, by device that builds the case
 
@@ -119,6 +120,7 @@ def resolve(params: Params) -> dict[Path, str | bytes]:
                                  search_model=model if scheme.search else None,
                                  optimizer=optimizer, seed=params.seed),
             "optimize": OptimizeInputs(reorder_updates=settings.reorder_updates,
+                                       update_in_place=settings.update_in_place,
                                        recompute=settings.recompute,
                                        budgets={d: profiles[d].budget_bytes for d in devices}),
             "evaluate": EvaluateInputs(case=name, model_name=case.model, model=model,

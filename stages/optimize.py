@@ -3,7 +3,7 @@
 
 Output (artifacts/cases/<case>/optimize/, a phases.OptimizedStep): train_step.relax.py / .json
 (updates reordered when ``reorder_updates``, cheap activations recomputed when ``recompute`` is
-always, fused) and plan.json, also artifacts/metrics/optimize/<case>.json; with ``recompute``
+always, fused, the state updated in its own storage when ``update_in_place``) and plan.json, also artifacts/metrics/optimize/<case>.json; with ``recompute``
 auto and a device that builds the case whose memory budget the plan exceeds, also
 train_step_recompute.*, the twin that recomputes them (its plan under plan.json's
 ``recompute``).
@@ -21,7 +21,7 @@ from pipelines.stage import run_stage
 def main(name: str) -> None:
     inputs, pruned = case_inputs(name, "optimize"), case_dir(name, "prune")
     optimized = optimize(PrunedStep.load(pruned), inputs.reorder_updates, inputs.recompute,
-                         inputs.budgets)
+                         inputs.budgets, inputs.update_in_place)
     with atomic_dir(case_dir(name, "optimize")) as tmp:
         optimized.save(tmp)
         write_manifest(tmp, f"optimize@{name}", {"prune": pruned,

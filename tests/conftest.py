@@ -93,6 +93,7 @@ def _case_options(params, case: str, options: dict) -> tuple:
         _LOWERED[key] = import_and_lower(params.models[spec.model])
     kwargs = {"lora": scheme.lora, "scheme_name": spec.scheme,
               "reorder_updates": settings.reorder_updates,
+              "update_in_place": settings.update_in_place,
               "recompute": "always" if settings.recompute == "always" else "never",
               "lowered": _LOWERED[key], **options}
     rules = kwargs.pop("rules", scheme.rules)

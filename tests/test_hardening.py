@@ -4,7 +4,8 @@
   refused naming the step and the array; the state stays as it was (runtime/checks.py);
 - the fused loss never reads out of bounds: a label out of range scores nothing, as an ignored
   one does (kernels/softmax_nll.py), where a batch reaches the step unchecked;
-- a step whose loss or new state is not finite keeps the state before it;
+- a step whose loss or new state is not finite keeps the state before it, or, where it updates
+  its state in place, says that it could not;
 - a malformed conf/ file, a momentum of 2: refused at compose time, exit 2, naming the file;
 - `pock` acts on the checkout of the current directory, and refuses outside one;
 - a build leaves no scratch directory behind;
@@ -35,21 +36,33 @@ SGD = TypeAdapter(Optimizer).validate_python({"kind": "sgd", "lr": 0.1, "momentu
 CLASSES = 5
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory, host_profile):
-    """A small classifier's step (12 -> 32 -> 5, full BP), built for the host: its directory
-    and initial values."""
+def build_classifier(directory, host_profile, update_in_place: bool):
+    """A small classifier's step (12 -> 32 -> 5, full BP), built for the host into
+    ``directory``: its directory and initial values."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.Tanh(),
                                 torch.nn.Linear(32, CLASSES))
     main, names, origins = translate(torch.export.export(model, (torch.zeros(8, 12),)))
     full = training_graph(Lowered(main, names, origins, values={}, layers={}), SGD).module
     selection = dict.fromkeys(signature_of(full)["source_names"].values())
-    optimized = optimize(PrunedStep(prune(full, selection, "full"), [], {}))
-    directory = tmp_path_factory.mktemp("step")
+    optimized = optimize(PrunedStep(prune(full, selection, "full"), [], {}),
+                         update_in_place=update_in_place)
     build(optimized.module, optimized.plan, host_profile, directory)
     state, source = model.state_dict(), signature_of(optimized.module)["source_names"]
     return directory, {r: state[t].numpy() for r, t in source.items()}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, host_profile):
+    """The classifier's step returning its new state in fresh storage: the state before a
+    failed step is still there to keep."""
+    return build_classifier(tmp_path_factory.mktemp("step"), host_profile, False)
+
+
+@pytest.fixture(scope="module")
+def built_in_place(tmp_path_factory, host_profile):
+    """The classifier's step updating its state in place (the default)."""
+    return build_classifier(tmp_path_factory.mktemp("step_in_place"), host_profile, True)
 
 
 def batch(labels=None):
@@ -114,6 +127,21 @@ def test_a_non_finite_loss_or_state_keeps_the_state_before_the_step(built, bad, 
         step.step(*batch())
     after = state_of(step)
     assert all(np.array_equal(after[k], v, equal_nan=True) for k, v in before.items())
+
+
+def test_an_in_place_step_that_goes_non_finite_says_its_state_is_lost(built_in_place):
+    """Updated in place, the state before the step is gone when its new values are found not
+    finite: the error says so and points at the last checkpoint."""
+    directory, initial = built_in_place
+    names = {source: name for name, source in
+             CompiledStep(directory, initial).signature["source_names"].items()}
+    broken = {name: value.copy() for name, value in initial.items()}
+    broken[names["2.weight"]][0, 0] = np.nan
+    step = CompiledStep(directory, broken)
+    assert step.in_place
+    with pytest.raises(StepError, match=r"step 1: its loss is not finite \(NaN or inf\); "
+                                        "the step updates its state in place: .*last checkpoint"):
+        step.step(*batch())
 
 
 def checkout_copy(repo):

@@ -13,16 +13,18 @@ import torch
 import tvm
 from pydantic import TypeAdapter
 from tvm import relax
+from tvm.script import tirx as T
 
 from pipelines.analysis.cost import count_ops
 from pipelines.analysis.liveness import classify, saved_for_backward, update_owners
 from pipelines.compile import training_graph
 from pipelines.config import Optimizer
 from pipelines.frontends.torch_program import translate
-from pipelines.ir import signature_of
+from pipelines.ir import signature_of, without_signature
 from pipelines.phases import Lowered
 from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, PlainPowers, PruneFrozenUpdates,
                                  RecomputeActivations, ReorderUpdates, SliceChannelUpdates)
+from pipelines.transform.update_in_place import writes_safely_over
 
 SGD = TypeAdapter(Optimizer).validate_python({"kind": "sgd", "lr": 0.1, "momentum": 0.9})
 
@@ -222,3 +224,75 @@ def test_bool_ops_as_ints_compares_and_sums_masks_on_int_casts():
     # TVM's code generator on the bool ops as they are (why the pass exists)
     with pytest.raises(tvm.error.InternalError, match="kDLFloat|fcmp"):
         run(before, "main", [mask])
+
+
+def test_update_in_place_writes_every_update_over_its_state_with_the_same_values(every):
+    """Fused as the optimize phase fuses it, the step with and without UpdateInPlace: the same
+    results; the in-place one allocates no storage for any weight's or momentum's new value,
+    and after a call the tensors passed in hold the new values."""
+    from pipelines.compile import _optimized, plan
+
+    fresh, in_place = (_optimized(every, True, False, flag) for flag in (False, True))
+    sig = signature_of(in_place)
+    state = [n.removeprefix("new_") for n in sig["outputs"][1:] if n != "new_optimizer_lr"]
+    assert sorted(sig["updated_in_place"]) == sorted(state)
+    # the one new output: the loss (a float32 scalar)
+    assert plan(in_place)["outputs_bytes"] == 4 < plan(fresh)["outputs_bytes"]
+    assert plan(in_place)["liveness"]["at_peak"]["outputs"] <= 4
+    rng = np.random.default_rng(0)
+    args = [rng.integers(0, 5, [int(d) for d in p.ty.shape]).astype(str(p.ty.dtype))
+            if "int" in str(p.ty.dtype) else
+            (rng.standard_normal([int(d) for d in p.ty.shape]) * 0.3).astype(str(p.ty.dtype))
+            for p in in_place["train_step"].params]
+    results = {}
+    for name, mod in (("fresh", fresh), ("in_place", in_place)):
+        vm = relax.VirtualMachine(relax.build(without_signature(mod), target="llvm"), tvm.cpu())
+        tensors = [tvm.runtime.tensor(a) for a in args]
+        out = [o.numpy() for o in vm["train_step"](*tensors)]
+        results[name] = dict(zip(sig["outputs"], out))
+        passed = dict(zip(sig["inputs"], (t.numpy() for t in tensors)))
+        for entry in state:  # fresh: the inputs untouched; in place: they hold the new values
+            expect = results[name]["new_" + entry] if name == "in_place" else args[
+                sig["inputs"].index(entry)]
+            np.testing.assert_array_equal(passed[entry], expect, err_msg=f"{name} {entry}")
+    for key, value in results["fresh"].items():
+        np.testing.assert_allclose(results["in_place"][key], value, rtol=1e-6, atol=1e-7)
+
+
+@tvm.script.ir_module
+class Kernels:
+    @T.prim_func(s_tir=True)
+    def elementwise(g: T.Buffer((4, 8), "float32"), w: T.Buffer((4, 8), "float32"),
+                    out: T.Buffer((4, 8), "float32")):
+        for i, j in T.grid(4, 8):
+            with T.sblock("update"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                out[vi, vj] = w[vi, vj] - g[vi, vj]
+
+    @T.prim_func(s_tir=True)
+    def read_transposed(g: T.Buffer((8, 8), "float32"), w: T.Buffer((8, 8), "float32"),
+                        out: T.Buffer((8, 8), "float32")):
+        for i, j in T.grid(8, 8):
+            with T.sblock("update"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                out[vi, vj] = w[vj, vi] - g[vi, vj]
+
+    @T.prim_func(s_tir=True)
+    def read_after(g: T.Buffer((4, 8), "float32"), w: T.Buffer((4, 8), "float32"),
+                   out: T.Buffer((4, 8), "float32"), twice: T.Buffer((4, 8), "float32")):
+        for i, j in T.grid(4, 8):
+            with T.sblock("update"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                out[vi, vj] = w[vi, vj] - g[vi, vj]
+        for i, j in T.grid(4, 8):
+            with T.sblock("later"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                twice[vi, vj] = w[vi, vj] * T.float32(2)
+
+
+@pytest.mark.parametrize("kernel, safe", [("elementwise", True), ("read_transposed", False),
+                                          ("read_after", False)])
+def test_a_kernel_is_made_in_place_only_where_no_element_is_read_after_it_is_overwritten(
+        kernel, safe):
+    func = Kernels[kernel]
+    assert writes_safely_over(func, func.params[1], func.params[2]) is safe

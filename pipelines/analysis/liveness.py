@@ -93,14 +93,34 @@ def saved_for_backward(func: relax.Function, update_outputs: dict[int, str]) -> 
                and isinstance(b.var.ty, relax.TensorType))
 
 
+def in_place_results(func: relax.Function) -> set[relax.Var]:
+    """Binding vars that are an input's own storage, written in place (``call_tir_inplace``,
+    transform/update_in_place.py): no new bytes."""
+    found, tuples = set(), {}
+    for b in block_of(func).bindings:
+        value = b.value
+        if isinstance(value, relax.Call) and getattr(value.op, "name", "") == \
+                "relax.call_tir_inplace":
+            indices = [int(i) for i in value.attrs.inplace_indices]
+            if isinstance(value.ty, relax.TupleType):
+                tuples[b.var] = indices
+            elif indices[0] >= 0:
+                found.add(b.var)
+        elif isinstance(value, relax.TupleGetItem) and value.tuple_value in tuples:
+            if tuples[value.tuple_value][value.index] >= 0:
+                found.add(b.var)
+    return found
+
+
 def liveness(func: relax.Function, update_outputs: dict[int, str]) -> dict:
     """Bytes alive at the step's peak, walking its bindings in order: a binding's tensor lives
-    from its definition to its last use (outputs to the end). Broken down by class; the step's
-    inputs are counted by the caller. This ignores allocator fragmentation, which TVM's static
-    planner (planned_storage_bytes) does not."""
+    from its definition to its last use (outputs to the end); one written in an input's storage
+    takes none. Broken down by class; the step's inputs are counted by the caller. This ignores
+    allocator fragmentation, which TVM's static planner (planned_storage_bytes) does not."""
     block = block_of(func)
     kinds = classify(func, update_outputs)
     outputs = set(func.body.body.fields)
+    in_place = in_place_results(func)
     last_use = {}
     for i, b in enumerate(block.bindings):
         for v in uses(b.value):
@@ -108,7 +128,7 @@ def liveness(func: relax.Function, update_outputs: dict[int, str]) -> dict:
     live: dict[relax.Var, tuple[str, int]] = {}
     peak, at_peak = -1, {}
     for i, b in enumerate(block.bindings):
-        if isinstance(b.var.ty, relax.TensorType):
+        if isinstance(b.var.ty, relax.TensorType) and b.var not in in_place:
             kind = "outputs" if b.var in outputs else kinds[b.var]
             live[b.var] = (kind, nbytes(b.var))
         total = sum(size for _, size in live.values())
@@ -143,5 +163,6 @@ def update_kernels(optimized) -> list[str]:
     return sorted({binding.value.args[0].name_hint
                    for block in func.body.blocks for binding in block.bindings
                    if isinstance(binding.value, relax.Call)
-                   and getattr(binding.value.op, "name", "") == "relax.call_tir"
+                   and getattr(binding.value.op, "name", "") in ("relax.call_tir",
+                                                                  "relax.call_tir_inplace")
                    and any(binding.var.same_as(var) for var in returned)})

@@ -1,9 +1,10 @@
 """Speed and memory of a compiled step against its peers, in one run: the compiled step and the
 peers ``benchmark.peers`` names (pipelines/peers: PyTorch eager with full backpropagation,
 eager with the scheme's frozen layers frozen, `torch.compile`d full backpropagation, PEFT's
-LoRA), each in
-its own process with the same batch and thread count. Each gives step times (ms) and peak resident
-memory above its process's baseline; the ratios are compiled vs each peer.
+LoRA), each in its own process with the same batch and thread count. Each gives step times (ms)
+and its peak resident memory above its process before the case was set up: the weights, the
+optimizer state (the compiled step holds it from the start, PyTorch makes it in its first
+step), activations and workspace. The ratios are compiled vs each peer.
 
 The cases are timed in interleaved rounds (compiled, peers, compiled, peers, ...), not one after
 the other: a shared machine's load comes and goes over seconds, and timed back to back one case
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.peers import PEERS
+from pipelines.io import read_json
+from pipelines.peers import PEERS, why_not
 from pipelines.timing import step_times
 
 COMPILED = "compiled"
@@ -65,7 +67,7 @@ def make_step(case: str, spec: Spec):
         batch = [saved[name] for name in compiled.signature["data"]]
     if case == COMPILED:
         args = compiled.arguments(*batch)
-        # the state passed in is not mutated: every call times the same step
+        # the same batch each call; a step built in place goes on from the state it left
         step = lambda: compiled.function(*args)  # noqa: E731
     else:
         step = PEERS[case].make_step(spec, compiled, batch)
@@ -81,13 +83,15 @@ def serve_case(case: str, spec: Spec, conn) -> None:
     os.environ["TVM_NUM_THREADS"] = str(spec.cores)
     from contextlib import nullcontext
 
-    from pipelines.runtime.peak_memory import HeldOnGPU, PeakRSS
+    from pipelines.runtime.peak_memory import HeldOnGPU, PeakRSS, resident_bytes
 
     gpu = HeldOnGPU() if spec.device == "cuda" else nullcontext()
     with gpu:
+        # The whole footprint: what the case holds once set up (weights; the compiled step's
+        # optimizer state, which PyTorch makes in its first step) and what its steps add.
+        before = resident_bytes()
         step = make_step(case, spec)
-        # the peak counts from before the first step, because warm-up allocates too
-        with PeakRSS() as peak:
+        with PeakRSS(since=before) as peak:
             step_times(step, spec.warmup, 0)
             held = gpu.read() if spec.device == "cuda" else None  # the others wait meanwhile
             conn.send({"ready": True, "peak_rss_bytes": peak.so_far_bytes()})
@@ -217,6 +221,9 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     """The compiled step and each of ``peers``, each in its own process, with GFLOP/s (from the
     prune ``report``'s FLOPs), examples (tokens, for a token grid) per second, and the ratios
     of compiled vs each peer."""
+    signature = read_json(Path(spec.build) / "signature.json")
+    skipped = {peer: why_not(peer, signature) for peer in peers if why_not(peer, signature)}
+    peers = [peer for peer in peers if peer not in skipped]
     results = time_interleaved(spec, [COMPILED, *peers])
     peak = in_fresh_process(gpu_sgemm_peak if spec.device == "cuda" else sgemm_peak, spec.cores)
     with np.load(spec.batch) as batch:
@@ -236,4 +243,5 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     if eager is not None:  # null when PyTorch's peak did not rise above its baseline
         ratios["memory_vs_torch_eager_full"] = (compiled[held] / eager[held]
                                                 if eager[held] else None)
-    return {**results, **ratios, "sgemm_peak_gflop_per_s": peak}
+    return {**results, **ratios, "sgemm_peak_gflop_per_s": peak,
+            **({"not_timed": skipped} if skipped else {})}

@@ -9,6 +9,9 @@ A peer is a module here, registered in PEERS (pipelines/registry.py) under its m
                                        evaluate/speed.py's Spec, ``compiled`` the CompiledStep
                                        of the build (its signature and initial state), ``batch``
                                        the step's arrays in its order
+    cannot_time(signature)             optional: why the peer cannot do the case whose step
+                                       has this signature (a string), or None; such a case's
+                                       metrics say so instead of a time
 """
 from __future__ import annotations
 
@@ -16,3 +19,9 @@ from pipelines.registry import entries
 
 PEERS = entries(__name__, ("torch_eager_full", "torch_eager_frozen", "torch_compile_full",
                              "peft_lora"))
+
+
+def why_not(peer: str, signature: dict) -> str | None:
+    """Why ``peer`` cannot time the case whose step has ``signature``, or None."""
+    check = getattr(PEERS[peer], "cannot_time", None)
+    return check(signature) if check else None

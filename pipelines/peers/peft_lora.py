@@ -7,6 +7,10 @@ from __future__ import annotations
 WORK = "pruned"
 
 
+def cannot_time(signature: dict) -> str | None:
+    return None if signature.get("lora") else "PEFT LoRA times LoRA cases (a scheme with lora:)"
+
+
 def make_step(spec, compiled, batch):
     import torch
     from peft import LoraConfig, get_peft_model

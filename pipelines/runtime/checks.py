@@ -39,11 +39,15 @@ def check_batch(signature: dict, arrays: dict[str, np.ndarray], where: str) -> N
                             f"classes), or {ignore} (scores nothing)")
 
 
-def check_finite(results: dict[str, np.ndarray], where: str) -> None:
-    """The step's loss and new state (by name) are finite: a step that is not keeps nothing."""
+def check_finite(results: dict[str, np.ndarray], where: str, in_place: bool = False) -> None:
+    """The step's loss and new state (by name) are finite: a step that is not keeps nothing,
+    unless it updates its state ``in_place`` (transform/update_in_place.py): then its values
+    are already written over the state, which the error says."""
+    kept = ("the step updates its state in place: its values replaced the state, whose last "
+            "good copy is the last checkpoint (or the weights the run started from)"
+            if in_place else "the state before the step is kept")
     for name, value in results.items():
         if not np.isfinite(value).all():
             what = "its loss" if name == "loss" else f"its new {name}"
-            raise StepError(f"{where}: {what} is not finite (NaN or inf); the state before the "
-                            "step is kept. A smaller learning rate, or data without extreme "
-                            "values, usually avoids it")
+            raise StepError(f"{where}: {what} is not finite (NaN or inf); {kept}. A smaller "
+                            "learning rate, or data without extreme values, usually avoids it")

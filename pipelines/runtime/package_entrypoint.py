@@ -117,7 +117,7 @@ def main() -> None:
             try:
                 check_finite({"loss": outputs[0].numpy(),
                               **{n: np.from_dlpack(v) for n, v in zip(updates, outputs[1:])}},
-                             f"step {len(losses) + 1}")
+                             f"step {len(losses) + 1}", bool(signature.get("updated_in_place")))
             except StepError as err:
                 print(f"error: {err}", file=sys.stderr)
                 sys.exit(3)

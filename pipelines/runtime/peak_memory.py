@@ -15,10 +15,23 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
+def resident_bytes() -> int:
+    """The process's resident memory now."""
+    return _status_kib("VmRSS") * 1024
+
+
 class PeakRSS:
+    """The peak from here on above ``since`` (resident bytes, resident_bytes(); default: the
+    resident memory on entering): what was set up between ``since`` and entering counts as it
+    stands, not the transient copies setting it up made."""
+
+    def __init__(self, since: int | None = None):
+        self.since = since
+
     def __enter__(self):
         Path("/proc/self/clear_refs").write_text("5")
-        self.baseline_kib = _status_kib("VmRSS")
+        self.baseline_kib = (_status_kib("VmRSS") if self.since is None
+                             else self.since // 1024)
         return self
 
     def __exit__(self, *exc):

@@ -68,6 +68,8 @@ class CompiledStep:
                       for name, value in initial_state(self.signature, initial).items()}
         # Output i (after the loss) is the new value of state entry updates[i].
         self.updates = [name.removeprefix("new_") for name in self.signature["outputs"][1:]]
+        # a step built with optimize.update_in_place writes its new state over ``state``
+        self.in_place = bool(self.signature.get("updated_in_place"))
         self.steps = 0  # taken by ``step``
 
     def arguments(self, *data: np.ndarray) -> list:
@@ -79,15 +81,17 @@ class CompiledStep:
     def step(self, *data: np.ndarray) -> float:
         """One training step on a batch (the model's inputs, then the labels); the loss. A
         batch the step cannot take (labels out of range, non-finite inputs), or a loss or new
-        state that is not finite, is a StepError naming the step and the array; the state
-        stays as it was before the step (runtime/checks.py)."""
+        state that is not finite, is a StepError naming the step and the array. The state stays
+        as it was before the step, except after a step that updates it in place and went
+        non-finite (runtime/checks.py)."""
         where = f"step {self.steps + 1}"
         check_batch(self.signature, dict(zip(self.data, data)), where)
         outputs = list(self.function(*self.arguments(*data)))
         names = self.signature["source_names"]
         check_finite({"loss": outputs[0].numpy(),
                       **{names.get(name, name): self._on_host(value)
-                         for name, value in zip(self.updates, outputs[1:])}}, where)
+                         for name, value in zip(self.updates, outputs[1:])}}, where,
+                     self.in_place)
         for name, value in zip(self.updates, outputs[1:]):
             self.state[name] = value
         self.steps += 1

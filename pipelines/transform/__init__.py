@@ -10,6 +10,8 @@ from pipelines.transform.prune_frozen import PruneFrozenUpdates
 from pipelines.transform.recompute import RecomputeActivations
 from pipelines.transform.reorder_updates import ReorderUpdates
 from pipelines.transform.slice_channels import SliceChannelUpdates
+from pipelines.transform.update_in_place import UpdateInPlace
 
 __all__ = ["BoolOpsAsInts", "FlattenTakeIndices", "FuseSoftmaxCrossEntropy", "IsolateGemms", "PlainPowers",
-           "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates"]
+           "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates",
+           "UpdateInPlace"]
