@@ -171,8 +171,9 @@ def host_run(step, host_profile, tmp_path_factory):
     _build(step, host_profile, directory)
     compiled = CompiledStep(directory, step[1])
     args = compiled.arguments(*_batch(compiled.signature))
+    arrays = [a.numpy() for a in args]  # before the step, which updates its state in place
     outputs = [o.numpy() for o in compiled.function(*args)]
-    return directory, [a.numpy() for a in args], outputs
+    return directory, arrays, outputs
 
 
 @pytest.fixture(scope="module")

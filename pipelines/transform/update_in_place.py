@@ -29,7 +29,7 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm.s_tir.schedule.schedule import ScheduleError
 
-from pipelines.analysis.liveness import block_of, uses
+from pipelines.analysis.liveness import block_of, classify, update_owners, uses
 from pipelines.ir import signature_of, with_attrs_of, with_signature
 
 SPATIAL = 0  # tirx.IterVar iter_type
@@ -179,6 +179,18 @@ def _in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
     replaces = _returned_state(func, signature)
     live_out = {v for v in func.body.body.fields if isinstance(v, relax.Var)}
     candidates = _candidates(mod, block, replaces, live_out)
+    # Only an optimizer update waits for the old value's other readers. A forward kernel that
+    # also writes new running statistics (batch norm) would take the forward pass after it
+    # along (a recomputed batch norm reads them again in the backward pass): it keeps fresh
+    # storage for them unless it is their last reader already.
+    kinds = classify(func, update_owners(signature))
+    position = {b.var: i for i, b in enumerate(block.bindings)}
+    for var in [v for v in candidates if kinds[v] != "update"]:
+        states = [block.bindings[position[var]].value.args[1].fields[j]
+                  for j in candidates[var].values()]
+        if any(position[b.var] > position[var] for b in block.bindings
+               if any(u.same_as(s) for u in uses(b.value) for s in states)):
+            del candidates[var]
     ordered = _after_other_readers(block, candidates)
     builder, updated, bindings, made = relax.BlockBuilder(mod.clone()), [], [], {}
     for b in ordered:
