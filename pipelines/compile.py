@@ -143,8 +143,8 @@ def optimize(pruned: PrunedStep, reorder_updates: bool = True, recompute: str = 
     device: the devices that build the case). ``update_in_place``: the state's new values
     written over the old ones (transform/update_in_place.py)."""
     step = _optimized(pruned.module, reorder_updates, recompute == "always", update_in_place)
-    planned = plan(step) | {"reorder_updates": reorder_updates,
-                            "updated_in_place": len(signature_of(step).get("updated_in_place", [])),
+    in_place = signature_of(step).get("updated_in_place", [])
+    planned = plan(step) | {"reorder_updates": reorder_updates, "updated_in_place": len(in_place),
                             "recomputed": recompute == "always", "recompute": None}
     twin = None
     over = [d for d, b in (budgets or {}).items() if planned["planned_peak_bytes"] > b]

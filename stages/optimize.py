@@ -3,8 +3,9 @@
 
 Output (artifacts/cases/<case>/optimize/, a phases.OptimizedStep): train_step.relax.py / .json
 (updates reordered when ``reorder_updates``, cheap activations recomputed when ``recompute`` is
-always, fused, the state updated in its own storage when ``update_in_place``) and plan.json, also artifacts/metrics/optimize/<case>.json; with ``recompute``
-auto and a device that builds the case whose memory budget the plan exceeds, also
+always, fused, the state updated in its own storage when ``update_in_place``) and plan.json,
+also artifacts/metrics/optimize/<case>.json; with ``recompute`` auto and a device that builds
+the case whose memory budget the plan exceeds, also
 train_step_recompute.*, the twin that recomputes them (its plan under plan.json's
 ``recompute``).
 """

@@ -222,7 +222,7 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     prune ``report``'s FLOPs), examples (tokens, for a token grid) per second, and the ratios
     of compiled vs each peer."""
     signature = read_json(Path(spec.build) / "signature.json")
-    skipped = {peer: why_not(peer, signature) for peer in peers if why_not(peer, signature)}
+    skipped = {peer: reason for peer in peers if (reason := why_not(peer, signature))}
     peers = [peer for peer in peers if peer not in skipped]
     results = time_interleaved(spec, [COMPILED, *peers])
     peak = in_fresh_process(gpu_sgemm_peak if spec.device == "cuda" else sgemm_peak, spec.cores)

@@ -10,7 +10,7 @@ from pathlib import Path
 from pipelines.io import read_json
 
 PEERS = {"torch_eager_full": "eager full", "torch_eager_frozen": "eager frozen",
-         "torch_compile_full": "torch.compile"}
+         "torch_compile_full": "torch.compile", "peft_lora": "PEFT LoRA"}
 
 
 def _mib(n: float) -> str:
@@ -43,10 +43,11 @@ def load(metrics: Path, cases: dict, deploy: list, devices: list, packages: list
 
 def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[str]:
     lines = [f"## {model}: its cases on the host, compiled vs PyTorch (same run)", "",
-             "| case | scheme | optimize | trainable | backward FLOPs vs full | ms/step | per s "
-             "| vs eager full | vs eager frozen | vs torch.compile | peak memory vs eager full "
-             "| planned peak | held-out accuracy (or loss): before, compiled, PyTorch |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| case | scheme | optimize | trainable | backward FLOPs vs full | ms/step | per s | "
+             + "".join(f"vs {peer} | " for peer in PEERS.values())
+             + "peak memory vs eager full | planned peak "
+             "| held-out accuracy (or loss): before, compiled, PyTorch |",
+             "|---" * (10 + len(PEERS)) + "|"]
     for name in names:
         row, case = found["evaluate"][name], cases[name]
         if row is None:
@@ -61,7 +62,7 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
                       + " | ".join(_x(speed.get(f"speedup_vs_{p}")) for p in PEERS) + " | "
                       + _x(speed.get("memory_vs_torch_eager_full")))
         else:
-            timing = " | | | | | "
+            timing = " | " * (len(PEERS) + 2)
         metric = "accuracy" if tuned and "accuracy_before" in tuned else "held_out_loss"
         accuracy = (f"{tuned[f'{metric}_before']:.3f}, {tuned[f'{metric}_compiled']:.3f}, "
                     f"{tuned[f'{metric}_pytorch']:.3f}" + ("" if metric == "accuracy" else " (loss)")
@@ -71,8 +72,10 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
                      f"| {cost['backward_flops_vs_full']:.3f} | {timing} | "
                      f"{_mib(row['plan']['planned_peak_bytes'])} | {accuracy} |")
     return lines + ["", "Speedups are PyTorch's median step time over the compiled step's, each "
-                    "case in a fresh process on the host's cores; peak memory is resident "
-                    "memory above each process's baseline.", ""]
+                    "case in a fresh process on the host's cores; a blank: the peer does not "
+                    "do the case. Peak memory is each process's resident memory at its peak "
+                    "above what it held before the case was set up: weights, optimizer state, "
+                    "activations.", ""]
 
 
 def sparse_tables(name: str, report: dict, plan: dict) -> list[str]:

@@ -4,11 +4,13 @@ batch-norm statistics updated in place).
 After fusion, each new value the step returns for an entry of its state (a parameter, an
 optimizer buffer, a running statistic) comes from one kernel that reads the old value. The step
 used to return it in fresh storage, so at its end it held the model and its optimizer state
-twice. Where that kernel is the old value's last reader, and reads each element of it only
-before, or where, it writes the same element of the new value, its call becomes
-``call_tir_inplace``: the kernel writes into the old value's buffer and the step returns the
-caller's own tensor. The kernel keeps a buffer of its own for what it writes, declared over the
-old value's data.
+twice. Where that kernel reads each element of the old value only before, or where, it writes
+the same element of the new value, its call becomes ``call_tir_inplace``: the kernel writes
+into the old value's buffer and the step returns the caller's own tensor. The kernel keeps a
+buffer of its own for what it writes, declared over the old value's data. An optimizer update
+moves after every other reader of the old value (a linear layer's input gradient reads its
+weight after the weight's gradient exists); a forward kernel that writes running statistics is
+made in place only where it is their last reader already.
 
 Before::
 
