@@ -76,9 +76,10 @@ def test_container_step_matches_the_local_run(client, host_step, edge_build):
 
     local = CompiledStep(edge_build, host_step.initial)
     args = local.arguments(*_batches(8))
+    arrays = [a.numpy() for a in args]  # before the step, which updates its state in place
     want = [o.numpy() for o in local.function(*args)]
-    got, times, info = run_docker(edge_build / "step.so", [a.numpy() for a in args],
-                                  load_profile("edge_x86", {}), warmup=1, steps=2)
+    got, times, info = run_docker(edge_build / "step.so", arrays, load_profile("edge_x86", {}),
+                                  warmup=1, steps=2)
     assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-6)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
