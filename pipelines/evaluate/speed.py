@@ -221,7 +221,9 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     """The compiled step and each of ``peers``, each in its own process, with GFLOP/s (from the
     prune ``report``'s FLOPs), examples (tokens, for a token grid) per second, and the ratios
     of compiled vs each peer."""
-    signature = read_json(Path(spec.build) / "signature.json")
+    from pipelines.runtime.step import SIGNATURE
+
+    signature = read_json(Path(spec.build) / SIGNATURE)
     skipped = {peer: reason for peer in peers if (reason := why_not(peer, signature))}
     peers = [peer for peer in peers if peer not in skipped]
     results = time_interleaved(spec, [COMPILED, *peers])
