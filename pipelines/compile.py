@@ -40,8 +40,9 @@ from pipelines.training.graph import build_train_step
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import select
-from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FuseSoftmaxCrossEntropy, IsolateGemms,
-                                 PlainPowers, PruneFrozenUpdates, RecomputeActivations,
+from pipelines.transform.freeze_statistics import norm_scales
+from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FreezeStatistics,
+                                 FuseSoftmaxCrossEntropy, IsolateGemms, PlainPowers, PruneFrozenUpdates, RecomputeActivations,
                                  ReorderUpdates, SliceChannelUpdates, UpdateInPlace)
 
 NOTHING = tvm.transform.Sequential([])  # an optional pass that is off keeps its place
@@ -62,11 +63,13 @@ def lower(model, imported: Path) -> Lowered:
 
 
 def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
-                   task: str = "classification") -> TrainingStep:
+                   task: str = "classification", rules: list | None = None) -> TrainingStep:
     """Phase 2: the full training step (every parameter updated) with the ``task``'s loss
     (training/loss.py) and ``optimizer``'s update (a pipelines/config.py optimizer section);
     with ``lora`` (a scheme's LoRA section), its adapters beside the layers it names
-    (training/lora.py), seeded."""
+    (training/lora.py), seeded. With ``rules`` (all a scheme may select), a batch norm whose
+    scale they leave frozen keeps its running statistics and normalises with them
+    (transform/freeze_statistics.py)."""
     main = tvm.transform.Sequential([FlattenTakeIndices(), BoolOpsAsInts()])(
         tvm.IRModule({"main": lowered.main}))["main"]
     count, names = int(main.attrs["num_input"]), lowered.names
@@ -76,15 +79,26 @@ def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
         main, adapters, values = add_adapters(main, names, num_params, lora, seed)
         num_params += len(adapters)
     names = {**names, **adapters}
+    layers = adapter_layers(lowered.layers, adapters, values) if adapters else lowered.layers
+    frozen = [] if rules is None else frozen_norms(main, names, select(rules, layers))
+    main = FreezeStatistics(frozen)(tvm.IRModule({"main": main}))["main"]
     step, signature = build_train_step(main, num_params, from_config(optimizer),
                                        lowered.origins, task)
     signature["source_names"] = {v.name: names[v.name][1] for v in main.params[count:]}
     signature["num_params"] = num_params
+    # the layers whose statistics stay frozen, for the PyTorch twin to hold in eval mode
+    signature["frozen_statistics"] = [names[scale][1].rsplit(".", 1)[0] for scale in frozen]
     if lora is not None:  # for the PyTorch twin's adapters (models/torch_lora.py)
         signature["lora"] = {"rank": lora.rank, "scale": lora.scale}
-    layers = adapter_layers(lowered.layers, adapters, values) if adapters else lowered.layers
     return TrainingStep(with_signature(tvm.IRModule({"train_step": step}), signature),
                         {**lowered.values, **values}, layers)
+
+
+def frozen_norms(main: relax.Function, names: dict, selection: dict) -> list[str]:
+    """The scales (Relax names) of ``main``'s batch norms whose scale ``selection`` (source
+    names) leaves frozen."""
+    return sorted(scale for scale in norm_scales(main)
+                  if scale in names and names[scale][1] not in selection)
 
 
 def prune(full: tvm.IRModule, selection: dict, scheme_name: str) -> tvm.IRModule:
@@ -227,13 +241,16 @@ def import_and_lower(model, weights: dict | None = None, seed: int = 0) -> Lower
 def compile_to_plan(model, rules: list, optimizer, *, lora=None, weights: dict | None = None,
                     seed: int = 0, reorder_updates: bool = True, recompute: str = "never",
                     budgets: dict[str, float] | None = None, scheme_name: str = "scheme",
-                    lowered: Lowered | None = None, update_in_place: bool = True
+                    lowered: Lowered | None = None, update_in_place: bool = True,
+                    statistics: str = "trained_layers"
                     ) -> tuple[TrainingStep, PrunedStep, OptimizedStep]:
     """Phases 1 to 5 in memory: ``model`` (from ``lowered`` if given, else imported with
-    ``weights``), the scheme's ``rules`` (and ``lora``), ``optimizer``; ``budgets`` by device,
-    for ``recompute`` auto. What the DVC chain does up to optimize@, without its files."""
+    ``weights``), the scheme's ``rules`` (and ``lora``, and its batch norms' ``statistics``),
+    ``optimizer``; ``budgets`` by device, for ``recompute`` auto. What the DVC chain does up to
+    optimize@, without its files."""
     lowered = lowered or import_and_lower(model, weights, seed)
-    full = training_graph(lowered, optimizer, lora, seed, model.task)
+    full = training_graph(lowered, optimizer, lora, seed, model.task,
+                          rules if statistics == "trained_layers" else None)
     pruned = sparse_update(full, rules, scheme_name)
     return full, pruned, optimize(pruned, reorder_updates, recompute, budgets, update_in_place)
 

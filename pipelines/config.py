@@ -83,6 +83,10 @@ class Scheme(Strict):
     rules: list[Rule] = []
     lora: LoRA | None = None
     search: Search | None = None
+    # Batch norms' running statistics: moved only in the layers whose scale the scheme trains,
+    # held (and normalised with, as in PyTorch's eval mode) in the others; or moved in every
+    # layer, as PyTorch's train mode does (transform/freeze_statistics.py).
+    statistics: Literal["trained_layers", "every_layer"] = "trained_layers"
 
     @model_validator(mode="after")
     def _rules_or_search(self):

@@ -45,6 +45,10 @@ class AutodiffInputs(Strict):
     task: str
     optimizer: Optimizer  # at the case's lr
     lora: LoRA | None
+    # the batch norms these rules (or the search's choices) leave frozen keep their statistics;
+    # None: every layer's move
+    rules: list[Rule] | None
+    search: Search | None
     seed: int
 
 
@@ -113,8 +117,11 @@ def resolve(params: Params) -> dict[Path, str | bytes]:
         optimizer, settings = case_optimizer(params, case), case_optimize(params, case)
         devices = [HOST, *(params.devices if name in params.deploy else [])]
         inputs = {
-            "autodiff": AutodiffInputs(model=case.model, task=model.task, optimizer=optimizer,
-                                       lora=scheme.lora, seed=params.seed),
+            "autodiff": AutodiffInputs(
+                model=case.model, task=model.task, optimizer=optimizer, lora=scheme.lora,
+                rules=scheme.rules if scheme.statistics == "trained_layers" else None,
+                search=scheme.search if scheme.statistics == "trained_layers" else None,
+                seed=params.seed),
             "prune": PruneInputs(model=case.model, scheme=case.scheme, rules=scheme.rules,
                                  search=scheme.search,
                                  search_model=model if scheme.search else None,

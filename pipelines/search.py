@@ -29,8 +29,9 @@ from pipelines.compile import prune
 from pipelines.schema import ConfigError
 from pipelines.data import split
 from pipelines.frontends import load_module
-from pipelines.models.pytorch import (batches, make_optimizer, one_thread, seed_everything,
-                                         train_step)
+from pipelines.ir import signature_of
+from pipelines.models.pytorch import (batches, hold_statistics, make_optimizer, one_thread,
+                                      seed_everything, train_step)
 from pipelines.progress import progress
 from pipelines.training.scheme import rule_matches, select
 
@@ -55,6 +56,13 @@ def candidates(cfg, layers: dict) -> list[dict]:
     return [{"module": m, "ratio": r} for m in modules for r in sorted(cfg.ratios)]
 
 
+def search_space(cfg, layers: dict) -> list[dict]:
+    """Rules selecting everything the search may choose: its base and every candidate whole."""
+    return ([r.model_dump(exclude_none=True) for r in cfg.base]
+            + [candidate_rule({"module": c["module"], "ratio": 1.0})
+               for c in candidates(cfg, layers)])
+
+
 def candidate_rule(candidate: dict) -> dict:
     rule = {"name": f"{candidate['module']} x{candidate['ratio']:g}",
             "modules": [candidate["module"]], "update": "weight"}
@@ -67,7 +75,7 @@ class Probe:
     """Short PyTorch fine-tuning runs from the pre-trained weights, scored on held-out data."""
 
     def __init__(self, model, optimizer, weights: dict, data: dict, layers: dict, steps: int,
-                 seed: int):
+                 seed: int, frozen_statistics: list[str] = ()):
         _, example = load_module(model)
         xs, y = split(data, "finetune_train", list(example))  # forward's names
         cut = len(y) * 4 // 5
@@ -75,6 +83,7 @@ class Probe:
         self.held_out = ([torch.from_numpy(a[cut:]) for a in xs], torch.from_numpy(y[cut:]))
         self.model, self.optimizer, self.weights = model, optimizer, weights
         self.layers, self.steps, self.seed = layers, steps, seed
+        self.frozen_statistics = frozen_statistics  # the batch norms the compiled step holds
 
     @one_thread()  # the same losses, so the same choice, on any core count
     def loss_after(self, rules: list) -> tuple[float, float]:
@@ -84,7 +93,8 @@ class Probe:
         seed_everything(self.seed)
         model, _ = load_module(self.model)
         model.load_state_dict(self.weights)
-        optimizer = make_optimizer(model.train(), self.optimizer, select(rules, self.layers))
+        hold_statistics(model.train(), self.frozen_statistics)
+        optimizer = make_optimizer(model, self.optimizer, select(rules, self.layers))
         batch, (xs, y) = self.model.batch_size, self.train
         losses, epoch = [], 0
         while len(losses) < self.steps:
@@ -149,5 +159,5 @@ def search_rules(cfg, model, optimizer, weights: Path, data: Path, layers: dict,
                           "model's data; this model has frontend "
                           f"{model.frontend!r}{'' if data.exists() else ' and no data'}")
     probe = Probe(model, optimizer, load_weights(weights), load_arrays(data), layers, cfg.steps,
-                  seed)
+                  seed, signature_of(full).get("frozen_statistics", []))
     return search(cfg, probe, layers, full, log=lambda line: print(line, flush=True))

@@ -1,5 +1,7 @@
 """autodiff@<case>: loss + reverse-mode gradient + optimizer update, one Relax function, for
-the case's model, optimizer and LoRA adapters (pipelines/compile.py: training_graph).
+the case's model, optimizer and LoRA adapters (pipelines/compile.py: training_graph); the batch
+norms of layers the scheme leaves frozen (all a search may choose from, for a search) keep
+their running statistics.
 
 Output (artifacts/cases/<case>/autodiff/, a phases.TrainingStep): train_step.relax.py / .json,
 the full training step (every parameter updated); signature.json, its inputs and outputs in
@@ -14,14 +16,18 @@ from pipelines.io import atomic_dir, write_manifest
 from pipelines.layout import case_dir, model_dir, resolved_case
 from pipelines.phases import Lowered
 from pipelines.resolve import case_inputs
+from pipelines.search import search_space
 from pipelines.stage import run_stage
 
 
 def main(name: str) -> None:
     inputs = case_inputs(name, "autodiff")
     lowered = model_dir(inputs.model, "lower")
-    full = training_graph(Lowered.load(lowered), inputs.optimizer, inputs.lora, inputs.seed,
-                          inputs.task)
+    model = Lowered.load(lowered)
+    rules = inputs.rules or None
+    if inputs.search:
+        rules = search_space(inputs.search, model.layers)
+    full = training_graph(model, inputs.optimizer, inputs.lora, inputs.seed, inputs.task, rules)
     with atomic_dir(case_dir(name, "autodiff")) as tmp:
         full.save(tmp)
         write_manifest(tmp, f"autodiff@{name}", {"lower": lowered,

@@ -91,7 +91,7 @@ def _case_options(params, case: str, options: dict) -> tuple:
     key = (id(params), spec.model)
     if key not in _LOWERED:
         _LOWERED[key] = import_and_lower(params.models[spec.model])
-    kwargs = {"lora": scheme.lora, "scheme_name": spec.scheme,
+    kwargs = {"lora": scheme.lora, "scheme_name": spec.scheme, "statistics": scheme.statistics,
               "reorder_updates": settings.reorder_updates,
               "update_in_place": settings.update_in_place,
               "recompute": "always" if settings.recompute == "always" else "never",

@@ -84,8 +84,9 @@ def test_closure_follows_imports_inside_functions():
 
 def test_a_changed_scheme_changes_only_its_cases_inputs(params):
     """The resolve stage's files are each stage's inputs (dvc.yaml: every stage after resolve
-    depends on its own): a change to one scheme changes the prune inputs of exactly the cases
-    that use it, and nothing of any other case, model or device."""
+    depends on its own): a change to one scheme changes the autodiff inputs (which batch norms
+    keep their statistics) and prune inputs of exactly the cases that use it, and nothing of
+    any other case, model or device."""
     from pipelines.config import validate
     from pipelines.resolve import resolve
 
@@ -96,7 +97,8 @@ def test_a_changed_scheme_changes_only_its_cases_inputs(params):
     cases = sorted(n for n, c in params.cases.items() if c.scheme == "mbv2_channels")
     changed = {str(path.relative_to(ROOT / "artifacts/resolved"))
                for path in before if before[path] != after[path]}
-    assert cases and changed == {f"cases/{case}/prune.json" for case in cases}
+    assert cases and changed == {f"cases/{case}/{stage}.json" for case in cases
+                                 for stage in ("autodiff", "prune")}
 
 
 def test_every_project_import_resolves():

@@ -54,7 +54,7 @@ def test_tokens_are_the_models_vocabulary_with_cls_sep_and_padding():
      "cases.minilm_lora.evaluate has finetune, but model 'llama_tiny' has no fine-tuning task"),
     ("models.minilm.task=regression",
      "cases.minilm_full.evaluate has finetune, but model 'minilm' has task 'regression' and its "
-     "data (kind 'sentences') labels for ['classification']"),
+     "data (kind 'docstrings') labels for ['classification']"),
     ("models.minilm.task=translation", "models.minilm.task='translation'"),
     ("cases.minilm_lora.model=bert", "cases.minilm_lora.model='bert'; allowed: "),
     ("cases.minilm_lora.scheme=minilm_papr", "cases.minilm_lora.scheme='minilm_papr'; allowed: "),
@@ -64,9 +64,9 @@ def test_tokens_are_the_models_vocabulary_with_cls_sep_and_padding():
       "greater than 0")),
     ("cases.minilm_lora.lr=-1",
      "cases.minilm_lora.lr=-1 (from conf/experiment): Input should be greater than 0"),
-    ("models.minilm.data.train_sentences=0",
-     ("models.minilm.data.train_sentences=0 (from conf/model/minilm.yaml): Input should be "
-      "greater than 0")),
+    ("models.minilm.data.test_fraction=1",
+     ("models.minilm.data.test_fraction=1 (from conf/model/minilm.yaml): Input should be "
+      "less than 1")),
 ])
 def test_bad_text_task_settings_are_named(override, message):
     with pytest.raises(ConfigError, match="params.yaml") as err:

@@ -86,7 +86,9 @@ def test_program_module_trains_like_the_exported_module(tmp_path):
 @pytest.mark.parametrize("rules", [FULL, SPARSE], ids=["full", "sparse"])
 def test_compiled_program_steps_like_pytorch(tmp_path, host_profile, rules):
     net, model = saved_program(tmp_path)
-    compiled = compile(model, rules, OPT, host_profile, tmp_path / "build", scheme_name="test")
+    # a saved program's batch norms run as exported (training mode): its twin cannot hold them
+    compiled = compile(model, rules, OPT, host_profile, tmp_path / "build", scheme_name="test",
+                       statistics="every_layer")
     # Parameters and buffers keep the program's own names.
     assert sorted(compiled.signature["source_names"].values()) == sorted(
         k for k in net.state_dict() if not k.endswith("num_batches_tracked"))
@@ -96,6 +98,14 @@ def test_compiled_program_steps_like_pytorch(tmp_path, host_profile, rules):
         assert len(compiled.signature["channels"]) == 1
     before, after = assert_steps_match(compiled, model, OPT, batches(), rtol=1e-4)
     assert not torch.equal(before["head.weight"], after["head.weight"])
+
+
+def test_a_programs_twin_cannot_hold_statistics_and_says_what_to_set(tmp_path):
+    from pipelines.frontends.twin import torch_twin
+
+    _, model = saved_program(tmp_path)
+    with pytest.raises(ConfigError, match="cannot hold the statistics.*statistics: every_layer"):
+        torch_twin(model, {"source_names": {}, "frozen_statistics": ["norm"]}, {})
 
 
 @pytest.mark.parametrize("override, message", [

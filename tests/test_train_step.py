@@ -16,6 +16,7 @@ import pytest
 
 from conftest import assert_steps_match, random_batch
 from pipelines.backend.databases import PRETUNED, open_database
+from pipelines.config import case_optimizer
 from pipelines.io import ROOT
 from pipelines.runtime.step import CompiledStep
 
@@ -33,7 +34,7 @@ MBV2_SCHEMES = ["full", "mbv2_channels", "tiny_budget", "bias_only", "last_k"]
 
 def check(params, compiled, seed=0):
     model = params.models["mbv2"]
-    return assert_steps_match(compiled, model, params.optimizers["sgd"],
+    return assert_steps_match(compiled, model, case_optimizer(params, params.cases["mbv2"]),
                               [random_batch(compiled, seed)], change_rtol=0.02)
 
 
@@ -43,10 +44,20 @@ def test_the_papers_scheme_steps_like_pytorch(params, build_case):
     before, after = check(params, compiled)
     trainable = set(compiled.signature["trainable"])
     assert 0 < len(trainable) < compiled.signature["num_params"] / 2
+    assert len(compiled.signature["frozen_statistics"]) == 52  # the scheme trains no norm
     for name in compiled.signature["source_names"].values():
-        if name.startswith("features.0.") and name.endswith(("weight", "bias")):
-            # the first layers are frozen: bit-identical (their statistics still move)
+        if name.startswith("features.0."):
+            # the first layers are frozen: bit-identical, their batch norms' statistics held
             np.testing.assert_array_equal(after[name].numpy(), before[name].numpy())
+
+
+def test_every_layers_statistics_move_when_the_scheme_says_so(params, build_case):
+    """``statistics: every_layer``: PyTorch's train mode in every batch norm, frozen or not."""
+    compiled = build_case(params, "mbv2", statistics="every_layer")
+    assert compiled.signature["frozen_statistics"] == []
+    before, after = check(params, compiled)
+    assert not np.array_equal(after["features.0.1.running_var"].numpy(),
+                              before["features.0.1.running_var"].numpy())
 
 
 @pytest.mark.slow
@@ -83,7 +94,10 @@ def test_reordered_and_recomputing_steps_give_the_same_step(params, build_case):
     Reordering changes what fuses with what, so a weight gradient's reduction may be scheduled
     (summed) in another order: state within rtol 1e-5, atol 2e-6 (seen: 1.0e-6 on a momentum of
     ~0.03); a misplaced or dropped update is off by the whole update."""
-    builds = {name: build_case(params, "mbv2", reorder_updates=name != "plain",
+    # full BP: the paper scheme holds every batch norm's statistics and backpropagates through
+    # the late blocks only, which leaves recomputation nothing that lowers its peak
+    builds = {name: build_case(params, "mbv2", rules=params.schemes["full"].rules,
+                               scheme_name="full", reorder_updates=name != "plain",
                                recompute="always" if name == "recomputed" else "never")
               for name in ("plain", "reordered", "recomputed")}
     peaks = {name: c.build.plan["planned_peak_bytes"] for name, c in builds.items()}

@@ -22,8 +22,10 @@ from pipelines.config import Optimizer
 from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of, without_signature
 from pipelines.phases import Lowered
-from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, PlainPowers, PruneFrozenUpdates,
-                                 RecomputeActivations, ReorderUpdates, SliceChannelUpdates)
+from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FreezeStatistics, PlainPowers,
+                                 PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
+                                 SliceChannelUpdates)
+from pipelines.transform.freeze_statistics import norm_scales
 from pipelines.transform.update_in_place import writes_safely_over
 
 SGD = TypeAdapter(Optimizer).validate_python({"kind": "sgd", "lr": 0.1, "momentum": 0.9})
@@ -224,6 +226,32 @@ def test_bool_ops_as_ints_compares_and_sums_masks_on_int_casts():
     # TVM's code generator on the bool ops as they are (why the pass exists)
     with pytest.raises(tvm.error.InternalError, match="kDLFloat|fcmp"):
         run(before, "main", [mask])
+
+
+def test_freeze_statistics_normalises_frozen_layers_with_their_running_statistics():
+    """Two batch norms exported in training mode, the first frozen: it computes what PyTorch's
+    eval mode computes and returns its statistics as they came; the second still moves its."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4),
+                              torch.nn.Conv2d(4, 4, 1), torch.nn.BatchNorm2d(4))
+    for norm in (net[1], net[3]):  # statistics unlike a batch's
+        norm.running_mean.uniform_(-1, 1), norm.running_var.uniform_(0.5, 2)
+    main, names, _ = translate(torch.export.export(net.train(), (torch.zeros(2, 3, 5, 5),)))
+    relax_of = {source: name for name, (_, source) in names.items()}
+    assert norm_scales(main) == {relax_of["1.weight"], relax_of["3.weight"]}
+    after = FreezeStatistics([relax_of["1.weight"]])(tvm.IRModule({"main": main}))
+    x = torch.randn(2, 3, 5, 5)
+    values = {name: net.state_dict()[source].numpy() for name, (_, source) in names.items()}
+    _, got = run(after, "main", [values.get(p.name, x.numpy()) for p in main.params])
+    outputs = dict(zip(["logits", *(p.name for p in main.params[-4:])], got))
+    net[1].eval()
+    with torch.no_grad():
+        want = net(x)
+    np.testing.assert_allclose(outputs["logits"], want.numpy(), rtol=1e-5, atol=1e-5)
+    for stat in ("running_mean", "running_var"):
+        held, moved = relax_of[f"1.{stat}"], relax_of[f"3.{stat}"]
+        np.testing.assert_array_equal(outputs[held], values[held])
+        np.testing.assert_allclose(outputs[moved], getattr(net[3], stat).numpy(), rtol=1e-5)
 
 
 def test_update_in_place_writes_every_update_over_its_state_with_the_same_values(every):

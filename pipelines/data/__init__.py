@@ -1,6 +1,7 @@
 """The data a model is trained and timed on (a model's ``data`` section, by ``kind``): scikit-learn's
-digits (real), the synthetic text task, synthetic tokens, and the user's files under data/:
-text, jsonl, csv_file, images (docs/data.md).
+digits (real), the standard library's docstrings (real text), the synthetic text task,
+synthetic tokens, and the user's files under data/: text, jsonl, csv_file, images
+(docs/data.md).
 
 A data kind is a module here, registered in KINDS (pipelines/registry.py): its ``Config`` (the
 section, tagged by ``kind``), ``TASKS`` (the tasks its labels are for) and
@@ -44,8 +45,8 @@ class Dataset:
     files: list[Path] = field(default_factory=list)
 
 
-KINDS = entries(__name__, ("digits", "sentences", "tokens", "text", "jsonl", "csv_file",
-                           "images"), "kind")
+KINDS = entries(__name__, ("digits", "sentences", "docstrings", "tokens", "text", "jsonl",
+                           "csv_file", "images"), "kind")
 Data = tagged_union(KINDS, "kind")  # a model's data section
 FILE = "data.npz"
 

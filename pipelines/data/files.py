@@ -5,6 +5,7 @@ for each of them (seeded, by file or by record, never by line)."""
 from __future__ import annotations
 
 import glob
+import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +38,12 @@ def user_files(pattern: str, key: str, suffixes: tuple[str, ...] = ()) -> list[P
 
 
 def relative(path: Path) -> str:
-    """A user's file as the manifest and messages name it (from the checkout's root)."""
-    return str(Path(path).resolve().relative_to(ROOT.resolve()))
+    """A data file as the manifest and messages name it: a user's from the checkout's root, one
+    of Python's standard library (data/docstrings.py) as ``stdlib/<its path there>``."""
+    path, stdlib = Path(path).resolve(), Path(sysconfig.get_paths()["stdlib"]).resolve()
+    if path.is_relative_to(stdlib):
+        return f"stdlib/{path.relative_to(stdlib)}"
+    return str(path.relative_to(ROOT.resolve()))
 
 
 def read_text(path: Path, key: str) -> str:

@@ -7,6 +7,7 @@ import torch
 
 from pipelines.frontends import load_module
 from pipelines.frontends.torch_module import is_program
+from pipelines.models.pytorch import hold_statistics
 from pipelines.models.torch_lora import add_adapters, adapted_modules
 from pipelines.schema import ConfigError
 
@@ -25,6 +26,12 @@ def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],
         # the program's graph reads its weights directly: a module put beside one is never run
         raise ConfigError(f"{model.source}: a saved torch.export program has no PyTorch twin "
                           "with LoRA adapters; use a scheme without lora, or a model file")
+    held = signature.get("frozen_statistics", [])
+    if held and is_program(model):
+        raise ConfigError(f"{model.source}: a saved torch.export program runs its batch norms as "
+                          "exported (training mode), so its PyTorch twin cannot hold the "
+                          f"statistics of the frozen layers {held[:3]}; set the scheme's "
+                          "statistics: every_layer, or use a model file")
     if lora and adapters:
         add_adapters(module, adapted_modules(names.values()), lora["rank"], lora["scale"])
     state = {names[r]: torch.from_numpy(np.array(v)) for r, v in initial.items() if r in names}
@@ -43,7 +50,7 @@ def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],
     if missing:
         raise KeyError(f"the step holds no initial value for {missing[:5]}")
     module.load_state_dict(state, strict=False)
-    return module.train()
+    return hold_statistics(module.train(), held)
 
 
 def step_batch(signature: dict, *batch: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -6,6 +6,7 @@ A batch is a tuple of arrays: the model's inputs, in the step's order, then the 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 import torch
@@ -30,6 +31,22 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def hold_statistics(module: torch.nn.Module, names) -> torch.nn.Module:
+    """The batch norms ``names`` (module paths) of ``module`` in eval mode for good: they
+    normalise with their running statistics and leave them unchanged whatever ``train()`` says
+    later, as the compiled step's do (transform/freeze_statistics.py)."""
+    for name in names:
+        norm = module.get_submodule(name)
+        norm.train = partial(_in_eval_mode, norm)  # what module.train() calls on each child
+        norm.eval()
+    return module
+
+
+def _in_eval_mode(norm: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
+    norm.training = False
+    return norm
 
 
 def make_optimizer(model: torch.nn.Module, optimizer, trainable=None):
