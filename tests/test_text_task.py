@@ -76,9 +76,10 @@ def test_bad_text_task_settings_are_named(override, message):
 
 @pytest.fixture(scope="module")
 def tiny_task():
-    """The default experiment with a 2-block MiniLM at batch 8 and a text task of 16 training
-    and 24 test sentences (two steps an epoch)."""
-    return compose_params("models.minilm.kwargs.layers=2", "models.minilm.batch_size=8",
+    """The default experiment with a 2-block MiniLM at batch 8 on the synthetic text task of 16
+    training and 24 test sentences (two steps an epoch)."""
+    return compose_params("model@models.minilm=minilm_sentences",
+                          "models.minilm.kwargs.layers=2", "models.minilm.batch_size=8",
                           "models.minilm.data.train_sentences=16",
                           "models.minilm.data.test_sentences=24")
 
