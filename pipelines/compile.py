@@ -40,10 +40,11 @@ from pipelines.training.graph import build_train_step
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import select
-from pipelines.transform.freeze_statistics import norm_scales
 from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FreezeStatistics,
-                                 FuseSoftmaxCrossEntropy, IsolateGemms, PlainPowers, PruneFrozenUpdates, RecomputeActivations,
-                                 ReorderUpdates, SliceChannelUpdates, UpdateInPlace)
+                                 FuseSoftmaxCrossEntropy, IsolateGemms, PlainPowers,
+                                 PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
+                                 SliceChannelUpdates, UpdateInPlace)
+from pipelines.transform.freeze_statistics import norm_scales
 
 NOTHING = tvm.transform.Sequential([])  # an optional pass that is off keeps its place
 

@@ -141,7 +141,8 @@ def build_bundle(out: Path, overrides: list[str], profile_name: str = "nvidia_ho
                 print(f"gpu bundle: {name} ({role}) for {profile.name}", flush=True)
                 built = compile(section, scheme.rules, optimizer, profile, directory,
                                 lora=scheme.lora, scheme_name=spec.scheme,
-                                statistics=scheme.statistics, lowered=lowered[spec.model, role], seed=params.seed)
+                                statistics=scheme.statistics,
+                                lowered=lowered[spec.model, role], seed=params.seed)
                 gpu_bundle.save_extra(directory, section, built.signature, built.initial,
                                       params.seed)
                 builds[role] = str(directory.relative_to(bundle))

@@ -46,5 +46,6 @@ def test_the_task_is_labelled_by_package_and_capped():
 
 
 def test_a_package_not_in_the_library_is_named_with_the_allowed_ones():
-    with pytest.raises(ConfigError, match=r"data.packages has \['nonsense'\].*allowed: \[.*'email'"):
+    with pytest.raises(ConfigError,
+                       match=r"data.packages has \['nonsense'\].*allowed: \[.*'email'"):
         make(config(packages=["email", "nonsense"]), seed=0)

@@ -14,5 +14,5 @@ from pipelines.transform.slice_channels import SliceChannelUpdates
 from pipelines.transform.update_in_place import UpdateInPlace
 
 __all__ = ["BoolOpsAsInts", "FlattenTakeIndices", "FreezeStatistics", "FuseSoftmaxCrossEntropy",
-           "IsolateGemms", "PlainPowers", "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates",
-           "UpdateInPlace"]
+           "IsolateGemms", "PlainPowers", "PruneFrozenUpdates", "RecomputeActivations",
+           "ReorderUpdates", "SliceChannelUpdates", "UpdateInPlace"]

@@ -35,14 +35,11 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-_BATCH_NORM = "relax.nn.batch_norm"
-_RUNNING = {1: 3, 2: 4}  # output field -> the argument it would update (mean, variance)
-
-
-def _frozen_batch_norm(value, frozen: Collection[str]) -> bool:
-    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-            and value.op.name == _BATCH_NORM and bool(value.attrs.training)
-            and isinstance(value.args[1], relax.Var) and value.args[1].name in frozen)
+def _training_norm(expr) -> bool:
+    """A training-mode batch norm whose scale is a variable (a parameter)."""
+    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.name == "relax.nn.batch_norm" and bool(expr.attrs.training)
+            and isinstance(expr.args[1], relax.Var))
 
 
 def norm_scales(func: relax.Function) -> set[str]:
@@ -50,9 +47,7 @@ def norm_scales(func: relax.Function) -> set[str]:
     scales = set()
 
     def visit(expr):
-        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-                and expr.op.name == _BATCH_NORM and bool(expr.attrs.training)
-                and isinstance(expr.args[1], relax.Var)):
+        if _training_norm(expr):
             scales.add(expr.args[1].name)
 
     relax.analysis.post_order_visit(func, visit)
@@ -68,7 +63,7 @@ class _Rewriter(PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not _frozen_batch_norm(call, self.frozen):
+        if not (_training_norm(call) and call.args[1].name in self.frozen):
             return call
         self.held |= {call.args[3].name, call.args[4].name}
         attrs = call.attrs
