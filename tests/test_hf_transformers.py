@@ -28,6 +28,7 @@ from pipelines.compile import compile
 from pipelines.config import SGD
 from pipelines.schema import ConfigError
 from pipelines.frontends import load_module
+from pipelines.models.pytorch import hold_statistics
 
 transformers = pytest.importorskip("transformers")
 
@@ -246,6 +247,8 @@ def test_an_onnx_export_steps_like_pytorch_under_the_state_dict_names(tmp_path, 
         assert {n.rsplit(".", 1)[0] for n in trainable} <= {head} | {
             f"{block}.{m}" for m in modules}
     assert set(names.values()) <= set(module.state_dict())
+    # the batch norms of the layers the scheme freezes (ResNet's) hold their statistics, in both
+    hold_statistics(module.train(), compiled.signature["frozen_statistics"])
     before, after = assert_steps_match(compiled, None, OPT, batches(source), rtol=1e-4,
                                        twin=module)
     assert [n for n in trainable if not torch.equal(before[n], after[n])], "nothing updated"
