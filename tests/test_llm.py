@@ -44,9 +44,10 @@ def llm():
 
 
 # Open (docs/llm.md, "Parity at a reduced size"): Qwen2's LoRA step is further from the float64
-# step than PyTorch's float32 one, though its losses match; not yet traced.
+# step than PyTorch's float32 one, though its losses match; not yet traced. Not strict: one
+# clean-clone CI run of the same code passed it (2026-11-27), the run before failed it.
 QWEN_LORA = pytest.param("qwen_lora", marks=pytest.mark.xfail(
-    strict=True, reason="Qwen2 LoRA: further from float64 than PyTorch float32 (docs/llm.md)"))
+    strict=False, reason="Qwen2 LoRA: further from float64 than PyTorch float32 (docs/llm.md)"))
 CASES = ["smollm_full", "smollm_paper", "smollm_lora", "qwen_full", "qwen_paper", QWEN_LORA,
          "qwen_bias_only"]
 
