@@ -277,9 +277,11 @@ def run_limited(client, image: str, command: list[str], profile, mounts: dict,
             raise TimeoutError(f"container of {image}: over {timeout_s:.0f} s") from err
         container.reload()
         logs = container.logs().decode(errors="replace")
-        if container.attrs["State"]["OOMKilled"]:
-            raise OutOfMemory(f"killed for memory: over memory_mb={memory} "
-                              f"({profile.name}'s memory)\n{logs[-2000:]}")
+        # Docker sets OOMKilled from an event that cgroup v2 hosts can miss; nothing but the
+        # kernel sends SIGKILL (exit 137) to a container we only wait on.
+        if container.attrs["State"]["OOMKilled"] or status["StatusCode"] == 137:
+            raise OutOfMemory(f"killed for memory (exit {status['StatusCode']}): over "
+                              f"memory_mb={memory} ({profile.name}'s memory)\n{logs[-2000:]}")
         if status["StatusCode"] != 0:
             raise RuntimeError(f"container of {image} exited with {status['StatusCode']}:\n"
                                f"{logs[-3000:]}")
