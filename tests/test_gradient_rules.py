@@ -281,3 +281,126 @@ def test_index_and_mask_paths_stay_out_of_the_gradient():
     for p, new in zip(params, list(out)[1:]):  # plain SGD, lr 1: new = p - grad
         np.testing.assert_allclose(new.numpy(), (p - p.grad).detach().numpy(), rtol=1e-5,
                                    atol=1e-6)
+
+
+CONV = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride, padding, dilation, groups", [(1, 1, 1, 1), (2, 2, 2, 2)])
+def test_conv1d_matches_autograd(stride, padding, dilation, groups):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 4, 13)).astype("float32")
+    k = rng.standard_normal((6, 4 // groups, 3)).astype("float32")
+    want_y = torch.nn.functional.conv1d(torch.tensor(x), torch.tensor(k), stride=stride,
+                                        padding=padding, dilation=dilation, groups=groups)
+    w = rng.standard_normal(want_y.shape).astype("float32")
+    got = relax_grads(lambda a, b: relax.op.nn.conv1d(a, b, stride, padding, dilation, groups),
+                      [x.shape, k.shape], [x, k], w)
+    want = torch_grads(lambda a, b: torch.nn.functional.conv1d(
+        a, b, stride=stride, padding=padding, dilation=dilation, groups=groups), [x, k], w)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, **CONV)
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_transposed_conv_matches_autograd(rank):
+    """Stride 2 with an output padding: the rows conv2d's stride never reads."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 3) + (5,) * rank).astype("float32")
+    k = rng.standard_normal((3, 4) + (3,) * rank).astype("float32")
+    torch_op = getattr(torch.nn.functional, f"conv_transpose{rank}d")
+    relax_op = getattr(relax.op.nn, f"conv{rank}d_transpose")
+    want_y = torch_op(torch.tensor(x), torch.tensor(k), stride=2, padding=1, output_padding=1)
+    w = rng.standard_normal(want_y.shape).astype("float32")
+    got = relax_grads(lambda a, b: relax_op(a, b, strides=2, padding=1, output_padding=1),
+                      [x.shape, k.shape], [x, k], w)
+    want = torch_grads(lambda a, b: torch_op(a, b, stride=2, padding=1, output_padding=1),
+                       [x, k], w)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, **CONV)
+
+
+def test_conv3d_matches_autograd():
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, 3, 6, 7, 5)).astype("float32")
+    k = rng.standard_normal((4, 3, 3, 3, 2)).astype("float32")
+    w = rng.standard_normal((2, 4, 3, 4, 3)).astype("float32")
+    got = relax_grads(lambda a, b: relax.op.nn.conv3d(a, b, strides=2, padding=1),
+                      [x.shape, k.shape], [x, k], w)
+    want = torch_grads(lambda a, b: torch.nn.functional.conv3d(a, b, stride=2, padding=1),
+                       [x, k], w)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, **CONV)
+
+
+def test_max_pool3d_sends_a_windows_gradient_to_its_first_maximum():
+    """Ties (a window of equal values) get it at their first element, as PyTorch does."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((2, 3, 4, 4, 6)).astype("float32")
+    x[0, 0, :2, :2, :2] = 1.5
+    w = rng.standard_normal((2, 3, 2, 2, 3)).astype("float32")
+    got = relax_grads(lambda a: relax.op.nn.max_pool3d(a, 2, 2), [x.shape], [x], w)
+    want = torch_grads(lambda a: torch.nn.functional.max_pool3d(a, 2), [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
+def test_group_norm_matches_autograd():
+    rng = np.random.default_rng(15)
+    x, g, b = (rng.standard_normal(s).astype("float32") for s in [(2, 6, 5, 3), (6,), (6,)])
+    w = rng.standard_normal(x.shape).astype("float32")
+    got = relax_grads(lambda a, c, d: relax.op.nn.group_norm(a, c, d, 3, 1, [2, 3]),
+                      [x.shape, g.shape, b.shape], [x, g, b], w)
+    want = torch_grads(lambda a, c, d: torch.nn.functional.group_norm(a, 3, c, d), [x, g, b], w)
+    for got_one, want_one in zip(got, want):
+        np.testing.assert_allclose(got_one, want_one, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("axes, begin, end, strides", [([2], [0], [100], [2]),
+                                                       ([2], [1], [7], [3]),
+                                                       ([0, 2], [1, 1], [3, 6], [1, 2])])
+def test_strided_slice_with_strides_matches_autograd(axes, begin, end, strides):
+    """Interleaved rotary embeddings read every other channel."""
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((3, 5, 7)).astype("float32")
+    index = [slice(None)] * 3
+    for a, b, e, s in zip(axes, begin, end, strides):
+        index[a] = slice(b, e, s)
+    w = rng.standard_normal(x[tuple(index)].shape).astype("float32")
+    got = relax_grads(lambda a: relax.op.strided_slice(a, axes, begin, end, strides),
+                      [x.shape], [x], w)
+    want = torch_grads(lambda a: a[tuple(index)], [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
+def test_squeeze_topk_and_element_gather_scatter_match_autograd():
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((3, 1, 6)).astype("float32")
+    w = rng.standard_normal((3, 6)).astype("float32")
+    got = relax_grads(lambda a: relax.op.squeeze(a, [1]), [x.shape], [x], w)
+    np.testing.assert_allclose(got[0], torch_grads(lambda a: a.squeeze(1), [x], w)[0], **TOL)
+
+    x = rng.standard_normal((3, 6)).astype("float32")
+    w = rng.standard_normal((3, 2)).astype("float32")
+    got = relax_grads(lambda a: relax.TupleGetItem(relax.op.topk(a, 2, -1), 0),
+                      [x.shape], [x], w)
+    np.testing.assert_allclose(got[0], torch_grads(lambda a: a.topk(2, -1)[0], [x], w)[0],
+                               **TOL)
+
+    index = rng.integers(0, 6, (3, 4))  # repeats: their gradients add up
+    w = rng.standard_normal((3, 4)).astype("float32")
+    got = relax_grads(lambda a: relax.op.gather_elements(a, relax.const(index), 1),
+                      [x.shape], [x], w)
+    want = torch_grads(lambda a: torch.gather(a, 1, torch.tensor(index)), [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+    distinct = np.argsort(rng.random((3, 6)), 1)[:, :4]
+    updates = rng.standard_normal((3, 4)).astype("float32")
+    w = rng.standard_normal((3, 6)).astype("float32")
+    for reduction, torch_op in [("update", "scatter"), ("add", "scatter_add")]:
+        got = relax_grads(lambda a, u: relax.op.scatter_elements(
+            a, relax.const(distinct), u, 1, reduction), [x.shape, updates.shape],
+            [x, updates], w)
+        want = torch_grads(lambda a, u: getattr(a, torch_op)(1, torch.tensor(distinct), u),
+                           [x, updates], w)
+        for g, t in zip(got, want):
+            np.testing.assert_allclose(g, t, **TOL)

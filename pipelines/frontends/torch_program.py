@@ -20,6 +20,7 @@ from tvm.relax.frontend.torch.exported_program_translator import ExportedProgram
 
 from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
 from pipelines.frontends.layers import tied_parameters
+from pipelines.frontends.torch_converters import CONVERTERS
 from pipelines.ir import PADDING_ROWS, dtype_of, shape_of, tensor_type
 
 
@@ -114,6 +115,8 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
     importer = ExportedProgramImporter()
     converters = {name: _recording(fn, produced, takes_importer=False)
                   for name, fn in importer.convert_map.items()}
+    converters.update({name: _recording(fn, produced, takes_importer=True)
+                       for name, fn in CONVERTERS.items()})
     converters["_native_batch_norm_legit_functional.default"] = _recording(
         _batch_norm_training(state), produced, takes_importer=True)
     mod = importer.from_exported_program(program, keep_params_as_input=True,

@@ -20,14 +20,16 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.op import (add, astype, broadcast_to, collapse_sum_to, divide, equal, erf, exp,
-                          expand_dims, greater, less, logical_and, mean, multiply, reshape,
-                          scatter_nd, sqrt, stack, strided_slice, subtract, sum as rsum, tanh,
-                          tril, variance, where, zeros_like)
+                          expand_dims, gather_elements, greater, less, logical_and, mean,
+                          multiply, reshape, scatter_elements, scatter_nd, sqrt, stack,
+                          strided_slice, subtract, sum as rsum, tanh, tril, variance, where,
+                          zeros_like)
 from tvm.relax.op.base import register_gradient
 from tvm.relax.op.nn import pad as pad_zeros
 from tvm.relax.op._op_gradient import no_grad
 
 from pipelines.ir import dtype_of, shape_of
+from pipelines.training.layer_rules import LAYER_REPLACED, LAYER_RULES
 
 
 def clip_grad(orig_var, orig_call, output_grad, ctx):
@@ -90,24 +92,78 @@ def rsqrt_grad(orig_var, orig_call, output_grad, ctx):
 
 
 def strided_slice_grad(orig_var, orig_call, output_grad, ctx):
-    """y = x[begin:end] along some axes, unit strides: dx is dy padded with zeros back to the
-    shape of x (positions outside the slice get no gradient)."""
+    """y = x[begin:end:stride] along some axes (strides >= 1; every other channel, as in
+    interleaved rotary embeddings): dx is dy spread back to the positions it was read from,
+    zeros elsewhere. Per axis: each dy element gets stride - 1 zeros after it, the trailing
+    ones are cut, and the result is padded to x's length."""
     x = orig_call.args[0]
     dims = shape_of(x)
     axes, begin, end = ([int(v.value) for v in arg.fields] for arg in orig_call.args[1:4])
     strides = ([int(v.value) for v in orig_call.args[4].fields] if len(orig_call.args) > 4
                else [1] * len(axes))
-    if any(s != 1 for s in strides):
-        raise NotImplementedError("strided_slice gradient: only unit strides are supported "
-                                  f"(got strides {strides})")
-    pad = [[0, 0] for _ in dims]
-    for axis, b, e in zip(axes, begin, end):
+    if any(s < 1 for s in strides):
+        raise NotImplementedError(f"strided_slice gradient: strides >= 1 only (got {strides})")
+    grad, pad, shape = output_grad, [[0, 0] for _ in dims], list(shape_of(orig_var))
+    for axis, b, e, stride in zip(axes, begin, end, strides):
         axis %= len(dims)
         b = min(max(b + dims[axis] if b < 0 else b, 0), dims[axis])
         e = min(max(e + dims[axis] if e < 0 else e, 0), dims[axis])
-        pad[axis] = [b, dims[axis] - e]
-    return [pad_zeros(output_grad, [p for pair in pad for p in pair])] + [
+        count = max(0, -(-(e - b) // stride))
+        if stride > 1 and count:
+            widths = [0, 0] * (len(dims) + 1)
+            widths[2 * axis + 3] = stride - 1  # after each element, on a new axis
+            spread = shape[:axis] + [count * stride] + shape[axis + 1:]
+            grad = reshape(pad_zeros(expand_dims(grad, axis + 1), widths), spread)
+            grad = strided_slice(grad, [axis], [0], [(count - 1) * stride + 1])
+            shape[axis] = (count - 1) * stride + 1
+        pad[axis] = [b, dims[axis] - b - ((count - 1) * stride + 1 if count else 0)]
+    return [pad_zeros(grad, [p for pair in pad for p in pair])] + [
         no_grad(arg) for arg in orig_call.args[1:]]
+
+
+def squeeze_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x without some size-1 axes: dx is dy with them back."""
+    return [reshape(output_grad, shape_of(orig_call.args[0]))]
+
+
+def topk_grad(orig_var, orig_call, output_grad, ctx):
+    """(values, indices) = topk(x, k, axis): each value's gradient goes back to the position it
+    was taken from (a mixture-of-experts router's chosen logits); the others get none."""
+    x = orig_call.args[0]
+    attrs = orig_call.attrs
+    if attrs.ret_type != "both":
+        raise NotImplementedError(f"topk gradient: ret_type 'both' only (got {attrs.ret_type})")
+    values_grad = relax.TupleGetItem(output_grad, 0)
+    indices = astype(relax.TupleGetItem(orig_var, 1), "int64")
+    return [scatter_elements(zeros_like(x), indices, values_grad, int(attrs.axis), "add")]
+
+
+def gather_elements_grad(orig_var, orig_call, output_grad, ctx):
+    """y = gather_elements(x, indices, axis) (torch.gather): dx is zeros with dy added where
+    each element was read from, repeats accumulating."""
+    x, indices = orig_call.args
+    return [scatter_elements(zeros_like(x), indices, output_grad, int(orig_call.attrs.axis),
+                             "add"), no_grad(indices)]
+
+
+def arange_grad(orig_var, orig_call, output_grad, ctx):
+    """y = arange(start, end, step): made from no tensor, it passes no gradient on (a model's
+    position table, from torch.arange, reaches it through the float ops that read it)."""
+    return [no_grad(arg) for arg in orig_call.args]
+
+
+def scatter_elements_grad(orig_var, orig_call, output_grad, ctx):
+    """y = scatter_elements(data, indices, updates, axis, reduction): each update's gradient is
+    dy where it was written (gathered back); data's is dy, less the positions an update
+    replaced (reduction "update") or all of it (reduction "add")."""
+    data, indices, updates = orig_call.args
+    axis, reduction = int(orig_call.attrs.axis), orig_call.attrs.reduction
+    if reduction not in ("update", "add"):
+        raise NotImplementedError(f"scatter_elements gradient: reduction 'update' or 'add' only "
+                                  f"(got {reduction!r})")
+    data_grad = (output_grad if reduction == "add" else
+                 scatter_elements(output_grad, indices, zeros_like(updates), axis))
+    return [data_grad, no_grad(indices), gather_elements(output_grad, indices, axis)]
 
 
 def pad_grad(orig_var, orig_call, output_grad, ctx):
@@ -259,6 +315,12 @@ RULES = {
     "relax.nn.gelu": gelu_grad,
     "relax.nn.gelu_tanh": gelu_tanh_grad,
     "relax.nn.layer_norm": layer_norm_grad,
+    "relax.squeeze": squeeze_grad,
+    "relax.topk": topk_grad,
+    "relax.scatter_elements": scatter_elements_grad,
+    "relax.gather_elements": gather_elements_grad,
+    "relax.arange": arange_grad,
+    **LAYER_RULES,
 }
 
 
@@ -279,7 +341,7 @@ def where_grad(orig_var, orig_call, output_grad, ctx):
 
 
 # TVM's rules replaced by the project's, where they are wrong for an input a model gives
-REPLACED = {"relax.where": where_grad}
+REPLACED = {"relax.where": where_grad, **LAYER_REPLACED}
 
 _OVERRIDE = 11  # the level our wrappers register at: above the one TVM registers its rules at
 

@@ -1,0 +1,135 @@
+"""Converters for core ATen operators that TVM 0.27's exported-program importer does not
+convert and that common layers export to: ``amax`` (global max pooling, attention masks),
+``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``; and for 2-D
+interpolation, which TVM converts to ``image.resize2d``, an op with no gradient. Each emits
+Relax operators that have gradient rules, so the layer trains.
+
+A converter takes (FX node, importer) and returns the Relax value, as TVM's own do."""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import torch
+from tvm import relax
+from tvm.relax.op import (astype, concat, divide, expand_dims, greater_equal, less,
+                          logical_and, matmul, max as rmax, maximum, multiply, not_equal,
+                          scatter_elements, strided_slice, sum as rsum, take)
+from tvm.relax.op.nn import max_pool2d
+
+from pipelines.ir import dtype_of, shape_of
+
+
+def _arg(node, index: int, default):
+    return node.args[index] if len(node.args) > index else default
+
+
+def _only_first_output(node, what: str) -> None:
+    """The ops below return (values, bookkeeping...); only the values are converted."""
+    for user in node.users:
+        if user.target is not operator.getitem or user.args[1] != 0:
+            raise NotImplementedError(f"{what}: only its first output is supported, but "
+                                      f"{user.name} reads another")
+
+
+def amax(node, importer):
+    """aten.amax(x, dims, keepdim): the max over ``dims`` (all of them when empty)."""
+    x = importer.env[node.args[0]]
+    dims = list(_arg(node, 1, [])) or None
+    return importer.block_builder.emit(rmax(x, dims, bool(_arg(node, 2, False))))
+
+
+def scatter_add(node, importer):
+    """aten.scatter_add(x, dim, index, src): src's elements added at ``index`` along ``dim``.
+    Only the part of src that index covers is read, as in PyTorch."""
+    x, dim, index, src = (importer.env.get(a, a) for a in node.args[:4])
+    if shape_of(src) != shape_of(index):
+        src = strided_slice(src, list(range(len(shape_of(index)))), [0] * len(shape_of(index)),
+                            shape_of(index))
+    return importer.block_builder.emit(scatter_elements(x, index, src, int(dim), "add"))
+
+
+def embedding_bag(node, importer):
+    """aten._embedding_bag(weight, indices, offsets, scale_grad, mode, sparse,
+    per_sample_weights, include_last_offset, padding_idx): each bag (indices[offsets[j]:
+    offsets[j + 1]]) sums or averages its rows of ``weight``. As a product: a [bags, indices]
+    membership matrix (the padding index left out, per-sample weights applied, divided by
+    each bag's size for the mean) times the rows taken, so the weight's gradient is take's and
+    matmul's."""
+    _only_first_output(node, "embedding_bag")
+    bb, env = importer.block_builder, importer.env
+    weight, indices, offsets = (env[a] for a in node.args[:3])
+    mode = int(_arg(node, 4, 0))
+    per_sample = _arg(node, 6, None)
+    include_last, padding = bool(_arg(node, 7, False)), _arg(node, 8, None)
+    if mode == 2:
+        raise NotImplementedError("embedding_bag with mode='max'")
+    if _arg(node, 3, False):
+        raise NotImplementedError("embedding_bag with scale_grad_by_freq=True")
+    count = shape_of(indices)[0]
+    bags = shape_of(offsets)[0] - int(include_last)
+    offsets = astype(offsets, "int64")
+    starts = strided_slice(offsets, [0], [0], [bags])
+    ends = concat([strided_slice(offsets, [0], [1], [bags]),
+                   relax.const([count], "int64")]) if not include_last else \
+        strided_slice(offsets, [0], [1], [bags + 1])
+    positions = relax.const(np.arange(count, dtype="int64")[None])
+    member = logical_and(greater_equal(positions, expand_dims(starts, 1)),
+                         less(positions, expand_dims(ends, 1)))
+    if padding is not None and int(padding) >= 0:
+        member = logical_and(member, not_equal(expand_dims(astype(indices, "int64"), 0),
+                                               relax.const(int(padding), "int64")))
+    dtype = dtype_of(weight)
+    weights = bb.emit(astype(member, dtype))
+    if per_sample is not None:
+        weights = multiply(weights, expand_dims(env[per_sample], 0))
+    if mode == 1:
+        size = maximum(rsum(astype(member, dtype), [1], keepdims=True), relax.const(1.0, dtype))
+        weights = divide(weights, size)
+    return bb.emit(relax.Tuple([bb.emit(matmul(weights, take(weight, indices, axis=0)))]))
+
+
+def adaptive_max_pool2d(node, importer):
+    """aten.adaptive_max_pool2d(x, output_size) where the input divides into equal windows:
+    max pooling with that window as kernel and stride (what PyTorch computes then)."""
+    _only_first_output(node, "adaptive_max_pool2d")
+    x = importer.env[node.args[0]]
+    height, width = shape_of(x)[-2:]
+    out_h, out_w = (int(v) if v is not None else d
+                    for v, d in zip(node.args[1], (height, width)))
+    if height % out_h or width % out_w:
+        raise NotImplementedError(f"adaptive_max_pool2d from {height}x{width} to "
+                                  f"{out_h}x{out_w}: unequal windows are not supported")
+    window = (height // out_h, width // out_w)
+    bb = importer.block_builder
+    return bb.emit(relax.Tuple([bb.emit(max_pool2d(x, window, window))]))
+
+
+def interpolate(node, importer):
+    """aten.upsample_{nearest,bilinear,bicubic}2d: each mode is separable and linear in its
+    input, y = A_h @ x @ A_w^T. The two matrices are PyTorch's own weights, read by running the
+    op on one-hot rows and columns, so sizes, scales and align_corners mean what they mean
+    there; the gradient is matmul's."""
+    x = importer.env[node.args[0]]
+    height, width = shape_of(x)[-2:]
+    args, kwargs = node.args[1:], node.kwargs
+    rows = torch.eye(height).reshape(height, 1, height, 1).expand(-1, -1, -1, width)
+    cols = torch.eye(width).reshape(width, 1, 1, width).expand(-1, -1, height, -1)
+    with torch.no_grad():
+        along_h = node.target(rows.contiguous(), *args, **kwargs)[:, 0, :, 0].T
+        along_w = node.target(cols.contiguous(), *args, **kwargs)[:, 0, 0, :]
+    dtype = dtype_of(x)
+    rows_mixed = matmul(relax.const(along_h.numpy().astype(dtype)), x)
+    return importer.block_builder.emit(
+        matmul(rows_mixed, relax.const(along_w.numpy().astype(dtype))))
+
+
+CONVERTERS = {
+    "upsample_nearest2d.vec": interpolate,
+    "upsample_bilinear2d.vec": interpolate,
+    "upsample_bicubic2d.vec": interpolate,
+    "amax.default": amax,
+    "scatter_add.default": scatter_add,
+    "_embedding_bag.default": embedding_bag,
+    "adaptive_max_pool2d.default": adaptive_max_pool2d,
+}

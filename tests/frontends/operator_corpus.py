@@ -1,0 +1,166 @@
+"""Small PyTorch classifiers, each built around layers and tensor operations that common
+models use and ``torch.export`` turns into operators of their own (issue 44's list): a user's
+model file, ``entry(batch_size)`` -> (module, example inputs). Each ends in a 4-class head, so
+the classification loss trains it."""
+import torch
+from torch import nn
+
+CLASSES = 4
+
+
+class Conv1dMixer(nn.Module):
+    """A 1-D conv stem over [batch, channels, length] and an MLP-mixer block (token mixing by
+    a transposed linear), squeezed to the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv1d(3, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.mix_tokens = nn.Linear(12, 12)
+        self.mix_channels = nn.Linear(8, 8)
+        self.head = nn.Linear(8, CLASSES)
+
+    def forward(self, x):
+        h = torch.relu(self.norm(self.stem(x)))
+        h = h + self.mix_tokens(h)
+        h = h.transpose(1, 2) + self.mix_channels(h.transpose(1, 2))
+        pooled = h.mean(1, keepdim=True).squeeze(1)
+        return self.head(pooled)
+
+
+def conv1d_mixer(batch_size: int):
+    return Conv1dMixer(), {"x": torch.randn(batch_size, 3, 12)}
+
+
+class Conv3dNet(nn.Module):
+    """A 3-D conv and 3-D pooling (video clips)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(2, 6, 3, padding=1)
+        self.pool = nn.MaxPool3d(2)
+        self.head = nn.Linear(6, CLASSES)
+
+    def forward(self, x):
+        h = self.pool(torch.relu(self.conv(x)))
+        return self.head(h.mean((2, 3, 4)))
+
+
+def conv3d_net(batch_size: int):
+    return Conv3dNet(), {"x": torch.randn(batch_size, 2, 4, 6, 6)}
+
+
+class TransposedConvs(nn.Module):
+    """Upsampling decoders: a transposed 1-D and 2-D conv, nearest and bilinear interpolation."""
+
+    def __init__(self):
+        super().__init__()
+        self.up1 = nn.ConvTranspose1d(3, 4, 4, stride=2, padding=1)
+        self.up2 = nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1)
+        self.head = nn.Linear(16, CLASSES)
+
+    def forward(self, sequence, image):
+        a = torch.relu(self.up1(sequence))
+        b = torch.relu(self.up2(image))
+        c = nn.functional.interpolate(b, scale_factor=2, mode="nearest")
+        d = nn.functional.interpolate(b, size=(5, 7), mode="bilinear", align_corners=False)
+        return self.head(torch.cat([a.mean(2), b.mean((2, 3)), c.amax((2, 3)),
+                                    d.mean((2, 3))], 1))
+
+
+def transposed_convs(batch_size: int):
+    return TransposedConvs(), {"sequence": torch.randn(batch_size, 3, 5),
+                               "image": torch.randn(batch_size, 3, 4, 4)}
+
+
+class Pools(nn.Module):
+    """Pooling variants: average with padding, max with a stride, adaptive average and max."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3)
+        self.head = nn.Linear(6 * 4, CLASSES)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        a = nn.functional.avg_pool2d(h, 3, stride=2, padding=1).mean((2, 3))
+        b = nn.functional.max_pool2d(h, 2, stride=2).amax((2, 3))
+        c = nn.functional.adaptive_avg_pool2d(h, 1).flatten(1)
+        d = nn.functional.adaptive_max_pool2d(h, (2, 2)).mean((2, 3))
+        return self.head(torch.cat([a, b, c, d], 1))
+
+
+def pools(batch_size: int):
+    return Pools(), {"x": torch.randn(batch_size, 3, 10, 10)}
+
+
+class GatherScatter(nn.Module):
+    """Integer-indexed reads and writes: an embedding bag, gather along an axis, a scatter-add
+    of rows, a cumulative sum, an einsum, and a masked fill with a mask made from the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(100, 6, mode="mean")  # ids below 100, as the tests draw them
+        self.proj = nn.Linear(6, 6)
+        self.head = nn.Linear(6, CLASSES)
+
+    def forward(self, ids, x):
+        bag = self.bag(ids)                                        # [b, 6]
+        h = self.proj(x)                                           # [b, 5, 6]
+        picked = torch.gather(h, 1, ids[:, :5, None].remainder(5).expand(-1, -1, 6))
+        summed = torch.zeros_like(h).scatter_add(1, ids[:, :5, None].remainder(5)
+                                                 .expand(-1, -1, 6), h)
+        running = torch.cumsum(h, 1)
+        attention = torch.einsum("bid,bjd->bij", h, h).masked_fill(x[:, :, :1] > 0, -1e4)
+        mixed = torch.einsum("bij,bjd->bid", attention.softmax(-1), h)
+        return self.head(bag + (picked + summed + running + mixed).mean(1))
+
+
+def gather_scatter(batch_size: int):
+    return GatherScatter(), {"ids": torch.randint(0, 100, (batch_size, 7)),
+                             "x": torch.randn(batch_size, 5, 6)}
+
+
+class StridedRotary(nn.Module):
+    """Interleaved rotary embeddings (GPT-J, CodeGen): the even and odd channels, read with a
+    stride of 2, rotated and written back interleaved."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.head = nn.Linear(8, CLASSES)
+
+    def forward(self, x):
+        h = self.proj(x)                                           # [b, 6, 8]
+        angle = torch.arange(6, dtype=torch.float32)[:, None] * torch.arange(1, 5) / 4
+        even, odd = h[..., ::2], h[..., 1::2]
+        rotated = torch.stack([even * angle.cos() - odd * angle.sin(),
+                               even * angle.sin() + odd * angle.cos()], -1).flatten(-2)
+        return self.head(rotated[:, ::2].mean(1))
+
+
+def strided_rotary(batch_size: int):
+    return StridedRotary(), {"x": torch.randn(batch_size, 6, 8)}
+
+
+class TopKRouter(nn.Module):
+    """A mixture-of-experts block with top-2 routing: router logits, top-k, softmax over the
+    chosen, each expert's output weighted by its routing weight (dense over experts, as small
+    MoE models compute it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = nn.Linear(6, 4)
+        self.experts = nn.ModuleList(nn.Linear(6, 6) for _ in range(4))
+        self.head = nn.Linear(6, CLASSES)
+
+    def forward(self, x):
+        weights, chosen = self.router(x).topk(2, -1)
+        weights = weights.softmax(-1)
+        routing = torch.zeros(x.shape[:-1] + (4,)).scatter(-1, chosen, weights)
+        out = sum(routing[..., e, None] * expert(x) for e, expert in enumerate(self.experts))
+        return self.head(out.mean(1))
+
+
+def top_k_router(batch_size: int):
+    return TopKRouter(), {"x": torch.randn(batch_size, 5, 6)}
