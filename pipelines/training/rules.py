@@ -1,16 +1,17 @@
 """Gradient rules that TVM 0.27's Relax lacks and the reference models need (MobileNetV2:
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
-embeddings; MiniLM: layer_norm and exact GELU, plus erf and tanh-approximated GELU; Hugging
-Face transformers: index_tensor (a classifier reading each sequence's last token; gather_nd, the
-same in an ONNX export), max/min and tril (attention masks); Keras: pad (ZeroPadding2D)), and
-the one it gets wrong for broadcast
-operands (where: REPLACED).
+embeddings, with strides where they interleave; MiniLM: layer_norm and exact GELU, plus erf and
+tanh-approximated GELU; Hugging Face transformers: index_tensor (a classifier reading each
+sequence's last token; gather_nd, the same in an ONNX export), max/min and tril (attention
+masks); Keras: pad (ZeroPadding2D); a user's own modules: squeeze, topk, gather_elements and
+scatter_elements (routing, torch.gather/scatter), arange), the layers in layer_rules.py, and
+the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated kernels: REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
 Rules are registered once, on import; a rule TVM later ships itself is left in place (but
-REPLACED ones are replaced). Then every
-rule, TVM's included, is wrapped so that gradients pass between float values only: integer and
-boolean values (positions, masks, shapes) are left out of the gradient.
+REPLACED ones are replaced). Then every rule, TVM's included, is wrapped so that gradients pass
+between float values only: integer and boolean values (positions, masks, shapes) are left out
+of the gradient.
 """
 from __future__ import annotations
 
