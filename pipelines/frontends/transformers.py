@@ -96,6 +96,10 @@ def config_of(model):
             setattr(config, key, 0.0)
     if hasattr(config, "use_cache"):
         config.use_cache = False
+    # Mixture-of-experts layers: each token's experts' weights gathered and applied as batched
+    # products, static shapes that export and differentiate; the default (grouped_mm) sorts
+    # tokens by expert into runtime-sized groups, which TVM's importer cannot convert.
+    config._experts_implementation = "batched_mm"
     return config
 
 

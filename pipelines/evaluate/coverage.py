@@ -1,0 +1,249 @@
+"""Model coverage over the transformers zoo: every architecture of transformers' causal-LM,
+sequence-classification and image-classification auto mappings, built from a shrunk config
+(2 layers, small widths, seeded; nothing downloaded), through the transformers frontend and the
+one compile chain, takes one full-BP SGD step that is compared with PyTorch doing the same step
+with the class's own loss (``model(..., labels=...).loss``).
+
+Each architecture ends at the first phase it does not pass, with the error's first line:
+``config`` (the shrunk model does not build in PyTorch), ``pytorch`` (PyTorch's own step
+fails), ``imports`` (export, import or lowering), ``differentiates`` (the training graph),
+``builds``, ``steps`` (the compiled step fails), ``matches`` (the loss, every updated weight
+within ``RTOL`` of the tensor's scale (plus ``ATOL``), the trained set equal to PyTorch's: the parameters
+that get a gradient), or ``ok``.
+
+The table's renderer is coverage_table.py; the stage (stages/coverage.py) runs each
+architecture in a process of its own.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+TASKS = {  # auto mapping -> (the step's task, its inputs)
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": ("causal_lm", ["input_ids"]),
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES": ("classification", ["input_ids"]),
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": ("classification", ["pixel_values"]),
+}
+# in order; "crashed": the process died (a segfault) or ran out of time
+PHASES = ["config", "pytorch", "imports", "differentiates", "builds", "steps", "matches", "ok",
+          "crashed"]
+RTOL, ATOL = 1e-4, 1e-6  # ATOL: float32 noise on a tensor near 0 (a zero-initialised bias
+# whose gradient is 0 in exact arithmetic: attention keys' bias)
+BATCH, SEQUENCE, LABELS, IMAGE = 2, 8, 4, 32
+# widths and depths of a shrunk config, under the names configs give them
+SMALL = {
+    **dict.fromkeys(["num_hidden_layers", "num_layers", "n_layer", "n_layers",
+                     "num_decoder_layers", "decoder_layers", "encoder_layers"], 2),
+    **dict.fromkeys(["hidden_size", "d_model", "n_embd", "dim", "embed_dim"], 32),
+    **dict.fromkeys(["intermediate_size", "ffn_dim", "n_inner", "decoder_ffn_dim",
+                     "encoder_ffn_dim", "hidden_dim", "d_ff"], 64),
+    **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "decoder_attention_heads",
+                     "encoder_attention_heads"], 4),
+    **dict.fromkeys(["num_key_value_heads", "num_kv_heads"], 2),
+    "head_dim": 8, "max_position_embeddings": 64, "n_positions": 64,
+    "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "image_size": IMAGE,
+}
+
+
+def architectures(tasks=TASKS) -> list[tuple[str, str, str]]:
+    """(mapping, model type, class name) of every architecture in ``tasks``' auto mappings
+    that this transformers has, sorted."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    found = []
+    for mapping in tasks:
+        for model_type, name in getattr(modeling_auto, mapping).items():
+            if isinstance(name, str) and hasattr(transformers, name):
+                found.append((mapping, model_type, name))
+    return sorted(found)
+
+
+def _shrunk(values: dict) -> dict:
+    """``values`` (a config's dict) with the keys of SMALL it has set to SMALL's, nested
+    configs too; vocabulary and special-token ids kept."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and key.endswith("config"):
+            out[key] = _shrunk(value)
+        elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
+            out[key] = SMALL[key]
+        else:
+            out[key] = value
+    return out
+
+
+def tiny_config(model_type: str, num_labels: int = LABELS):
+    """The model type's default config, shrunk (SMALL), dropout off; the default itself where
+    the shrunk one does not build (the caller finds out)."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type)
+    original = config.to_dict()
+    values = _shrunk(original)
+    layers = original.get("num_hidden_layers")
+    for key, value in original.items():  # per-layer lists (layer_types) follow the depth
+        if isinstance(value, list) and layers and len(value) == layers and key in values:
+            values[key] = value[:SMALL["num_hidden_layers"]]
+    if "head_dim" in values and "hidden_size" in values and "num_attention_heads" in values:
+        values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+    values["num_labels"] = num_labels
+    values.pop("id2label", None), values.pop("label2id", None)
+    return type(config).from_dict(values)
+
+
+def check(mapping: str, model_type: str, name: str, directory: Path) -> dict:
+    """One architecture through the chain and one step against PyTorch's: its record
+    {architecture, model_type, task, phase, error}; ``directory`` holds its config and build."""
+    import torch
+
+    task, inputs = TASKS[mapping]
+    record = {"architecture": name, "model_type": model_type, "task": task}
+    phase = "config"
+    try:
+        module, model, cls = _model(model_type, name, task, inputs, directory)
+        phase = "pytorch"
+        batch = _batch(module, task, inputs)
+        state = {k: v.clone() for k, v in module.state_dict().items()}
+        want_loss, want_state, want_trained = _pytorch_step(module, cls, inputs, batch)
+        record.update(phase=_compiled_phase(model, task, inputs, batch, directory, state,
+                                            want_loss, want_state, want_trained, record))
+    except Exception as err:  # the record is the result: the cause, not a crash
+        record.update(phase=phase, error=_first_line(err))
+    finally:
+        torch.set_grad_enabled(True)
+    return record
+
+
+def _compiled_phase(model, task, inputs, batch, directory, state, want_loss, want_state,
+                    want_trained, record) -> str:
+    from pipelines.compile import build, import_and_lower, optimize, sparse_update, training_graph
+    from pipelines.config import SGD
+    from pipelines.profiles import load_profile, variant_for
+    from pipelines.runtime.step import CompiledStep
+
+    optimizer = SGD(kind="sgd", lr=0.1, momentum=0.0)
+    rules, phase = [{"modules": ["*"]}], "imports"
+    try:
+        lowered = import_and_lower(model, state, seed=0)
+        phase = "differentiates"
+        full = training_graph(lowered, optimizer, None, 0, task)
+        pruned = sparse_update(full, rules, "full")
+        optimized = optimize(pruned, True, "never", None, True)
+        phase = "builds"
+        profile = load_profile("host", {})
+        step, planned = optimized.variant(variant_for(optimized.plan, profile))
+        (directory / "build").mkdir(parents=True, exist_ok=True)
+        built = build(step, planned, profile, directory / "build", None)
+        phase = "steps"
+        compiled = CompiledStep(built.directory, full.initial)
+        loss = compiled.step(*[batch[n].numpy() for n in inputs + ["labels"]])
+        after = compiled.state_dict()
+    except Exception as err:
+        record["error"] = _first_line(err)
+        return phase
+    names = built.signature["source_names"]
+    trained = {names[p] for p in built.signature["trainable"]}
+    problems = []
+    if trained != want_trained:
+        problems.append(f"trains {len(trained)} tensors, PyTorch {len(want_trained)}: "
+                        f"{sorted(trained ^ want_trained)[:4]}")
+    if not abs(loss - want_loss) <= RTOL * abs(want_loss):
+        problems.append(f"loss {loss:.6g}, PyTorch {want_loss:.6g}")
+    worst = max(((_error(after[k], v), k) for k, v in want_state.items() if k in after),
+                default=(0.0, ""))
+    if worst[0] > RTOL:
+        problems.append(f"{worst[1]} off by {worst[0]:.2g} of its scale")
+    if problems:
+        record["error"] = "; ".join(problems)
+        return "matches"
+    return "ok"
+
+
+def _model(model_type, name, task, inputs, directory):
+    """The shrunk model in PyTorch, seeded, and its model section (a config directory)."""
+    import torch
+    import transformers
+    from pydantic import TypeAdapter
+
+    from pipelines.config import Model
+
+    config = tiny_config(model_type)
+    config.architectures = [name]
+    directory.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(directory)
+    model = TypeAdapter(Model).validate_python({
+        "frontend": "transformers", "source": str(directory.resolve()), "batch_size": BATCH,
+        "task": task, "inputs": inputs,
+        "dims": {"sequence": SEQUENCE, "image_size": getattr(config, "image_size", IMAGE)}})
+    from pipelines.frontends.transformers import class_of, load_module
+
+    torch.manual_seed(0)
+    module, _ = load_module(model)
+    cls = class_of(model, module.config)
+    assert issubclass(cls, transformers.PreTrainedModel)
+    return module, model, cls
+
+
+def _batch(module, task, inputs) -> dict:
+    import torch
+
+    generator = torch.Generator().manual_seed(1)
+    config = module.config
+    batch = {}
+    if "pixel_values" in inputs:
+        size = getattr(config, "image_size", IMAGE)
+        size = size if isinstance(size, int) else size[0]
+        batch["pixel_values"] = torch.randn(BATCH, getattr(config, "num_channels", 3), size,
+                                            size, generator=generator)
+    else:
+        vocab = int(getattr(config, "vocab_size", 100) or 100)
+        batch["input_ids"] = torch.randint(3, vocab, (BATCH, SEQUENCE), generator=generator)
+    shape = (BATCH, SEQUENCE) if task == "causal_lm" else (BATCH,)
+    high = int(config.vocab_size) if task == "causal_lm" else LABELS
+    batch["labels"] = torch.randint(0, high, shape, generator=generator)
+    return batch
+
+
+def _pytorch_step(module, cls, inputs, batch):
+    """One SGD step (lr 0.1) with the class's own loss: (loss, state after, names of the
+    parameters that got a gradient)."""
+    import torch
+
+    output = cls.forward(module, **{n: batch[n] for n in inputs}, labels=batch["labels"],
+                         return_dict=True)
+    output.loss.backward()
+    trained = {n for n, p in module.named_parameters() if p.grad is not None}
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.grad is not None:
+                p -= 0.1 * p.grad
+    return float(output.loss), {k: v.detach().clone() for k, v in module.state_dict().items()}, \
+        trained
+
+
+def _error(got, want) -> float:
+    got, want = np.asarray(got, dtype="float64"), np.asarray(want, dtype="float64")
+    if got.shape != want.shape:
+        return float("inf")
+    scale = float(np.abs(want).max(initial=0.0))
+    return float(np.abs(got - want).max(initial=0.0)) / (scale + ATOL / RTOL)
+
+
+def _first_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip().splitlines()[0]
+    return text[:300]
+
+
+def summary(records: list[dict]) -> dict:
+    """Counts by task and phase, and the share that matches PyTorch."""
+    out = {}
+    for task in sorted({r["task"] for r in records}):
+        mine = [r for r in records if r["task"] == task]
+        counts = {p: sum(r["phase"] == p for r in mine) for p in PHASES}
+        out[task] = {"architectures": len(mine), **counts,
+                     "match_share": round(counts["ok"] / len(mine), 4)}
+    return out
+

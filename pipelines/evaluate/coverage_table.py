@@ -1,0 +1,51 @@
+"""docs/coverage.md from the coverage records (coverage.py): per task, how many architectures
+reach each phase; the failures grouped by cause, the largest group first, so the next rule or
+converter to write is the first line; then every architecture's row."""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from pipelines.evaluate.coverage import PHASES, summary
+
+_VARYING = re.compile(r"(0x[0-9a-f]+|\b\d+(\.\d+)?(e-?\d+)?\b|'[^']*'|\"[^\"]*\")")
+
+
+def cause(record: dict) -> str:
+    """The phase and the error with its numbers and quoted names blanked: records that fail
+    the same way group together."""
+    return f"{record['phase']}: {_VARYING.sub('…', record.get('error', ''))[:160]}"
+
+
+def render(records: list[dict]) -> str:
+    lines = ["# Model coverage: the transformers zoo through the chain",
+             "",
+             "Written by the coverage stage (`dvc repro coverage/dvc.yaml`; "
+             "pipelines/evaluate/coverage.py): each architecture of transformers' causal-LM, "
+             "sequence- and image-classification auto mappings, shrunk (2 layers, small widths, "
+             "seeded), one full-BP SGD step compiled and compared with PyTorch's step with the "
+             "class's own loss. `ok`: the loss and every tensor within 1e-4 of its scale, the "
+             "trained set PyTorch's. Otherwise the first phase it does not pass.",
+             "",
+             "| task | architectures | " + " | ".join(PHASES) + " | share ok |",
+             "|---|---:|" + "---:|" * len(PHASES) + "---:|"]
+    for task, counts in summary(records).items():
+        lines.append(f"| {task} | {counts['architectures']} | "
+                     + " | ".join(str(counts[p]) for p in PHASES)
+                     + f" | {counts['match_share']:.0%} |")
+    groups = defaultdict(list)
+    for record in records:
+        if record["phase"] != "ok":
+            groups[cause(record)].append(record["architecture"])
+    lines += ["", "## Failures by cause", "", "| architectures | cause | examples |",
+              "|---:|---|---|"]
+    for text, names in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
+        shown = ", ".join(sorted(names)[:4]) + (" …" if len(names) > 4 else "")
+        lines.append(f"| {len(names)} | {text.replace('|', '/')} | {shown} |")
+    lines += ["", "## Every architecture", "", "| task | architecture | phase | error |",
+              "|---|---|---|---|"]
+    for record in sorted(records, key=lambda r: (r["task"], r["architecture"])):
+        error = record.get("error", "").replace("|", "/")[:200]
+        lines.append(f"| {record['task']} | {record['architecture']} | {record['phase']} | "
+                     f"{error} |")
+    return "\n".join(lines) + "\n"
