@@ -36,7 +36,7 @@ from pipelines.frontends.weights import FILE as WEIGHTS, save_weights
 from pipelines.ir import signature_of, with_signature, without_signature
 from pipelines.phases import Build, Lowered, OptimizedStep, PrunedStep, TrainingStep
 from pipelines.profiles import variant_for
-from pipelines.training.graph import build_train_step
+from pipelines.training.graph import build_train_step, unreached_parameters
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import select
@@ -87,6 +87,9 @@ def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
                                        lowered.origins, task)
     signature["source_names"] = {v.name: names[v.name][1] for v in main.params[count:]}
     signature["num_params"] = num_params
+    # no scheme trains these: as in PyTorch, where they get no gradient (an unused pooler)
+    signature["unreached"] = [names[v.name][1] for v in
+                              unreached_parameters(main, main.params[count:count + num_params])]
     # the layers whose statistics stay frozen, for the PyTorch twin to hold in eval mode
     signature["frozen_statistics"] = [names[scale][1].rsplit(".", 1)[0] for scale in frozen]
     if lora is not None:  # for the PyTorch twin's adapters (models/torch_lora.py)
@@ -118,7 +121,9 @@ def sparse_update(full: TrainingStep, rules: list, scheme_name: str) -> PrunedSt
     """Phase 3: the full step with only what the scheme's ``rules`` select updated, and what
     that removes from full backpropagation (analysis/cost.py)."""
     rules = [r if isinstance(r, dict) else r.model_dump(exclude_none=True) for r in rules]
-    pruned = prune(full.module, select(rules, full.layers), scheme_name)
+    unreached = set(signature_of(full.module).get("unreached", []))
+    selection = {k: v for k, v in select(rules, full.layers).items() if k not in unreached}
+    pruned = prune(full.module, selection, scheme_name)
     return PrunedStep(pruned, rules, scheme_report(full.module, pruned))
 
 

@@ -223,6 +223,23 @@ def load_module(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     return _logits_only(module.train(), names), example_inputs(model, config, names)
 
 
+def own_loss_shifts(module, inputs: dict, labels) -> bool:
+    """Whether the class's own language-model loss (``labels=``) predicts the next token
+    (shifts the labels, as LLaMA's does: the step's ``causal_lm``) or the token at each
+    position (BART's, Blenderbot's and TrOCR's decoders: the step's ``masked_lm``), read off
+    one forward pass on ``inputs``."""
+    import torch
+
+    with torch.no_grad():
+        base = type(module).__mro__[1]  # the class itself, under _logits_only's subclass
+        out = base.forward(module, **inputs, labels=labels, return_dict=True)
+        vocab = out.logits.shape[-1]
+        cross = torch.nn.functional.cross_entropy
+        shifted = cross(out.logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1))
+        plain = cross(out.logits.reshape(-1, vocab), labels.reshape(-1))
+    return abs(float(out.loss - shifted)) <= abs(float(out.loss - plain))
+
+
 def pretrained_module(model, state: dict[str, torch.Tensor]) -> torch.nn.Module:
     """The model's transformers class holding ``state`` (the step's weights by the model's
     names; a tied head, GPT-2's or BERT's, is one tensor of the step, one name), to be saved:

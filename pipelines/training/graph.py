@@ -139,6 +139,20 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
     return step, signature
 
 
+def unreached_parameters(main: relax.Function, params) -> list[relax.Var]:
+    """Those of ``params`` that ``main``'s output (the logits) does not depend on: parameters
+    the loss never reaches (an unused pooler, a cross-attention a decoder-only model skips),
+    which PyTorch gives no gradient and no update."""
+    out = main.body.body
+    needed = set(relax.analysis.free_vars(out.fields[0] if isinstance(out, relax.Tuple)
+                                          else out))
+    for block in reversed(main.body.blocks):
+        for binding in reversed(block.bindings):
+            if binding.var in needed:
+                needed.update(relax.analysis.free_vars(binding.value))
+    return [p for p in params if p not in needed]
+
+
 def _row_mask(weight: relax.Var, row: int) -> relax.Expr:
     """[rows, 1]: 1, but 0 at ``row``; times a gradient, it leaves ``row`` out of the update."""
     mask = np.ones((shape_of(weight)[0], 1), dtype_of(weight))

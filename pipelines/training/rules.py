@@ -4,7 +4,7 @@ embeddings, with strides where they interleave; MiniLM: layer_norm and exact GEL
 tanh-approximated GELU; Hugging Face transformers: index_tensor (a classifier reading each
 sequence's last token; gather_nd, the same in an ONNX export), max/min and tril (attention
 masks); Keras: pad (ZeroPadding2D); a user's own modules: squeeze, topk, gather_elements and
-scatter_elements (routing, torch.gather/scatter), arange), the layers in layer_rules.py, and
+scatter_elements (routing, torch.gather/scatter)), the layers in layer_rules.py, and
 the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated kernels: REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
@@ -145,12 +145,6 @@ def gather_elements_grad(orig_var, orig_call, output_grad, ctx):
     x, indices = orig_call.args
     return [scatter_elements(zeros_like(x), indices, output_grad, int(orig_call.attrs.axis),
                              "add"), no_grad(indices)]
-
-
-def arange_grad(orig_var, orig_call, output_grad, ctx):
-    """y = arange(start, end, step): made from no tensor, it passes no gradient on (a model's
-    position table, from torch.arange, reaches it through the float ops that read it)."""
-    return [no_grad(arg) for arg in orig_call.args]
 
 
 def scatter_elements_grad(orig_var, orig_call, output_grad, ctx):
@@ -320,7 +314,6 @@ RULES = {
     "relax.topk": topk_grad,
     "relax.scatter_elements": scatter_elements_grad,
     "relax.gather_elements": gather_elements_grad,
-    "relax.arange": arange_grad,
     **LAYER_RULES,
 }
 
@@ -347,6 +340,12 @@ REPLACED = {"relax.where": where_grad, **LAYER_REPLACED}
 _OVERRIDE = 11  # the level our wrappers register at: above the one TVM registers its rules at
 
 
+# Ops that have no rule: ops_without_gradient names them where a gradient must cross one; off
+# that path (a position table from tile or arange, an attention bias from the input alone)
+# TVM's Gradient pass still visits them, and gets ``_off_path``.
+NO_RULE: set[str] = set()
+
+
 def register() -> None:
     """Register the project's rules for ops that have none in this TVM; then make every rule
     pass gradients between float values only (``_float_only``)."""
@@ -355,9 +354,19 @@ def register() -> None:
         if op.get_attr("FPrimalGradient") is None:
             register_gradient(op_name, rule)
     for op_name in tvm.ir.Op.list_op_names():
+        if not op_name.startswith("relax."):
+            continue
         rule = REPLACED.get(op_name) or tvm.ir.Op.get(op_name).get_attr("FPrimalGradient")
-        if op_name.startswith("relax.") and rule is not None:
-            register_gradient(op_name, _float_only(rule), level=_OVERRIDE)
+        if rule is None:
+            NO_RULE.add(op_name)
+            rule = _off_path
+        register_gradient(op_name, _float_only(rule), level=_OVERRIDE)
+
+
+def _off_path(orig_var, orig_call, output_grad, ctx):
+    """An op with no rule, on a value no parameter reaches (graph.py checks that first): what
+    would flow back from it could never reach a parameter."""
+    return [no_grad(arg) for arg in orig_call.args]
 
 
 def _float_only(rule):
@@ -406,8 +415,8 @@ def ops_without_gradient(func: relax.Function, wrt=None) -> list[tuple[str, str]
                 continue
             varying.add(binding.var)
             value = binding.value
-            if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                    and value.op.get_attr("FPrimalGradient") is None):
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
+                    value.op.get_attr("FPrimalGradient") is None or value.op.name in NO_RULE):
                 missing.append((value.op.name, binding.var.name))
     return missing
 

@@ -1,4 +1,4 @@
-"""docs/coverage.md from the coverage records (coverage.py): per task, how many architectures
+"""docs/coverage.md from the coverage records (check.py): per task, how many architectures
 reach each phase; the failures grouped by cause, the largest group first, so the next rule or
 converter to write is the first line; then every architecture's row."""
 from __future__ import annotations
@@ -6,9 +6,12 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from pipelines.evaluate.coverage import PHASES, summary
+from pipelines.coverage.check import PHASES, summary
 
-_VARYING = re.compile(r"(0x[0-9a-f]+|\b\d+(\.\d+)?(e-?\d+)?\b|'[^']*'|\"[^\"]*\")")
+# what differs between records that fail the same way: the layer, a binding, a number, a
+# quoted name (an op name such as relax.nn.conv1d is kept)
+_VARYING = re.compile(r"in layer .*?\(bound to \w+\)|0x[0-9a-f]+|(?<![\w.])\d+(\.\d+)?(e-?\d+)?"
+                      r"|'[^']*'|\"[^\"]*\"")
 
 
 def cause(record: dict) -> str:
@@ -21,7 +24,7 @@ def render(records: list[dict]) -> str:
     lines = ["# Model coverage: the transformers zoo through the chain",
              "",
              "Written by the coverage stage (`dvc repro coverage/dvc.yaml`; "
-             "pipelines/evaluate/coverage.py): each architecture of transformers' causal-LM, "
+             "pipelines/coverage/check.py): each architecture of transformers' causal-LM, "
              "sequence- and image-classification auto mappings, shrunk (2 layers, small widths, "
              "seeded), one full-BP SGD step compiled and compared with PyTorch's step with the "
              "class's own loss. `ok`: the loss and every tensor within 1e-4 of its scale, the "

@@ -8,11 +8,9 @@ Each architecture ends at the first phase it does not pass, with the error's fir
 ``config`` (the shrunk model does not build in PyTorch), ``pytorch`` (PyTorch's own step
 fails), ``imports`` (export, import or lowering), ``differentiates`` (the training graph),
 ``builds``, ``steps`` (the compiled step fails), ``matches`` (the loss, every updated weight
-within ``RTOL`` of the tensor's scale (plus ``ATOL``), the trained set equal to PyTorch's: the parameters
-that get a gradient), or ``ok``.
-
-The table's renderer is coverage_table.py; the stage (stages/coverage.py) runs each
-architecture in a process of its own.
+within ``RTOL`` of the tensor's scale (plus ``ATOL``), the trained set equal to PyTorch's:
+the parameters that get a gradient), or ``ok``. A causal LM whose class's own loss does not
+shift the labels (BART's decoder) is compiled with the per-position loss (``masked_lm``).
 """
 from __future__ import annotations
 
@@ -99,6 +97,8 @@ def check(mapping: str, model_type: str, name: str, directory: Path) -> dict:
     {architecture, model_type, task, phase, error}; ``directory`` holds its config and build."""
     import torch
 
+    from pipelines.frontends.transformers import own_loss_shifts
+
     task, inputs = TASKS[mapping]
     record = {"architecture": name, "model_type": model_type, "task": task}
     phase = "config"
@@ -106,9 +106,13 @@ def check(mapping: str, model_type: str, name: str, directory: Path) -> dict:
         module, model, cls = _model(model_type, name, task, inputs, directory)
         phase = "pytorch"
         batch = _batch(module, task, inputs)
+        if task == "causal_lm" and not own_loss_shifts(
+                module, {n: batch[n] for n in inputs}, batch["labels"]):
+            model = model.model_copy(update={"task": "masked_lm"})  # the class's own loss
+            record["loss"] = "unshifted"
         state = {k: v.clone() for k, v in module.state_dict().items()}
         want_loss, want_state, want_trained = _pytorch_step(module, cls, inputs, batch)
-        record.update(phase=_compiled_phase(model, task, inputs, batch, directory, state,
+        record.update(phase=_compiled_phase(model, model.task, inputs, batch, directory, state,
                                             want_loss, want_state, want_trained, record))
     except Exception as err:  # the record is the result: the cause, not a crash
         record.update(phase=phase, error=_first_line(err))

@@ -1,0 +1,52 @@
+"""The coverage suite over the transformers zoo (pipelines/coverage/, the stage in
+coverage/dvc.yaml): its architecture list and shrunk configs, the table it writes, and in the
+slow lane a sample of it (a dense decoder, a mixture-of-experts decoder, an encoder
+classifier) through the chain, each matching PyTorch's step with the class's own loss."""
+import pytest
+
+from pipelines.coverage.check import PHASES, TASKS, architectures, check, summary, tiny_config
+from pipelines.coverage.table import cause, render
+
+
+def test_the_zoo_is_transformers_own_auto_mappings():
+    found = architectures()
+    names = {name for _, _, name in found}
+    assert {"LlamaForCausalLM", "MixtralForCausalLM", "BertForSequenceClassification",
+            "ViTForImageClassification"} <= names
+    assert {mapping for mapping, _, _ in found} == set(TASKS)
+    assert len(found) > 300
+
+
+def test_a_shrunk_config_has_two_layers_and_small_widths():
+    config = tiny_config("qwen2_moe")
+    assert config.num_hidden_layers == 2 and config.hidden_size == 32
+    assert config.num_experts == 4 and config.num_labels == 4
+    assert len(config.layer_types) == 2  # per-layer lists follow the depth
+
+
+def test_failures_group_by_cause_whatever_the_numbers_and_names():
+    records = [
+        {"task": "causal_lm", "architecture": "A", "phase": "ok"},
+        {"task": "causal_lm", "architecture": "B", "phase": "differentiates",
+         "error": "MissingGradientRule: operator relax.foo in layer 'x.0' (bound to lv3)"},
+        {"task": "causal_lm", "architecture": "C", "phase": "differentiates",
+         "error": "MissingGradientRule: operator relax.foo in layer 'y.1' (bound to lv12)"},
+    ]
+    assert cause(records[1]) == cause(records[2])
+    counts = summary(records)["causal_lm"]
+    assert counts["ok"] == 1 and counts["differentiates"] == 2 and counts["match_share"] == 0.3333
+    table = render(records)
+    assert "| 2 | differentiates: MissingGradientRule: operator relax.foo" in table
+    assert set(PHASES) <= set(table.split("| task | architectures | ")[1].split("\n")[0]
+                              .replace(" ", "").split("|"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mapping, model_type, name", [
+    ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "llama", "LlamaForCausalLM"),
+    ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "mixtral", "MixtralForCausalLM"),
+    ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "bert", "BertForSequenceClassification"),
+])
+def test_a_sample_of_the_zoo_matches_pytorch(tmp_path, mapping, model_type, name):
+    record = check(mapping, model_type, name, tmp_path)
+    assert record["phase"] == "ok", record
