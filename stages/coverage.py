@@ -6,12 +6,12 @@ Each architecture runs in a process of its own, at most ``--timeout`` seconds, `
 once (each compiles on a core); an interrupted run resumes where it stopped.
 
 Output: artifacts/coverage/records.jsonl (one record per architecture), the metric
-artifacts/metrics/coverage.json (per task: how many stop at each phase, the share that
-matches) and docs/coverage.md (the table, and the failures grouped by cause).
+coverage/metrics.json (per task: how many stop at each phase, the share that matches) and
+docs/coverage.md (the table, and the failures grouped by cause).
 """
 import argparse
 
-from pipelines.coverage.check import summary
+from pipelines.coverage.check import architectures, summary
 from pipelines.coverage.run import run_all
 from pipelines.coverage.table import render
 from pipelines.io import ARTIFACTS, ROOT, sha256_file, write_json_atomic, write_text_atomic
@@ -24,8 +24,9 @@ def main(timeout_s: float, jobs: int, only: str | None) -> None:
     code = sha256_file(ARTIFACTS / "code" / "coverage.txt")[:16]
     OUT.mkdir(parents=True, exist_ok=True)
     records = run_all(OUT / "records.jsonl", OUT / "work", code, timeout_s, jobs, only)
-    write_json_atomic(ARTIFACTS / "metrics" / "coverage.json", summary(records))
-    write_text_atomic(ROOT / "docs" / "coverage.md", render(records))
+    write_json_atomic(ROOT / "coverage" / "metrics.json", summary(records))
+    expected = len([a for a in architectures() if only is None or only in a[2]])
+    write_text_atomic(ROOT / "docs" / "coverage.md", render(records, expected))
     for task, counts in summary(records).items():
         print(f"coverage: {task}: {counts['ok']} of {counts['architectures']} match PyTorch")
 

@@ -114,7 +114,7 @@ def test_bias_only_selects_norm_shifts_and_linear_bias(layers):
 @pytest.mark.parametrize("rule, message", [
     ({"name": "typo", "modules": ["feature.*"]}, "module pattern 'feature.*' matches no layer"),
     ({"name": "empty", "modules": ["classifier.*"], "kinds": ["conv_depthwise"]},
-     "selects no parameter"),
+     "its modules match: classifier.1 (linear, bias), classifier.1 (linear, weight)"),
     ({"name": "blk", "blocks": {"last": 99}}, "allowed: 1..17"),
     ({"name": "ratio", "channels": 1.5}, "a ratio must be in (0, 1]"),
     ({"name": "list", "modules": ["classifier.1"], "channels": [3, 10]},

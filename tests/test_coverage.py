@@ -35,7 +35,8 @@ def test_failures_group_by_cause_whatever_the_numbers_and_names():
     assert cause(records[1]) == cause(records[2])
     counts = summary(records)["causal_lm"]
     assert counts["ok"] == 1 and counts["differentiates"] == 2 and counts["match_share"] == 0.3333
-    table = render(records)
+    table = render(records, 4)
+    assert "Checked: 3 of the 4 architectures (a run cut short" in table
     assert "| 2 | differentiates: MissingGradientRule: operator relax.foo" in table
     assert set(PHASES) <= set(table.split("| task | architectures | ")[1].split("\n")[0]
                               .replace(" ", "").split("|"))

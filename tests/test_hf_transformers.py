@@ -206,7 +206,7 @@ def onnx_exports(tmp_path_factory):
             path = onnx_export(module, example, tmp_path_factory.mktemp("onnx") / f"{family}.onnx",
                                optimize=family != "resnet")
             made[family] = path, import_and_lower(model_section(
-                frontend="onnx", source=str(path), batch_size=BATCH))
+                frontend="onnx", source=str(path), batch_size=BATCH, folded="frozen"))
         return made[family]
 
     return export
@@ -230,7 +230,7 @@ def test_an_onnx_export_steps_like_pytorch_under_the_state_dict_names(tmp_path, 
     path, lowered_export = onnx_exports(family)
     torch.manual_seed(0)
     module, _ = load_module(source)  # as exported: the same seed
-    model = model_section(frontend="onnx", source=str(path), batch_size=BATCH)
+    model = model_section(frontend="onnx", source=str(path), batch_size=BATCH, folded="frozen")
     params = {name for name, _ in module.named_parameters()}
     # named at import, with the buffers folded alike (LLaMA's rotary table, BERT's positions)
     assert set(frozen_by_export(prepare(load_onnx(path), BATCH, path))) & params == set(
@@ -252,6 +252,42 @@ def test_an_onnx_export_steps_like_pytorch_under_the_state_dict_names(tmp_path, 
     before, after = assert_steps_match(compiled, None, OPT, batches(source), rtol=1e-4,
                                        twin=module)
     assert [n for n in trainable if not torch.equal(before[n], after[n])], "nothing updated"
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_folded_parameters_are_refused_naming_them_unless_frozen_is_asked(tmp_path, family):
+    """The default export folds GPT-2's and BERT's position embeddings into constants: the
+    import names them and the export that keeps them; with folded: frozen it trains the rest;
+    exported with optimize=False every parameter is the file's."""
+    from pipelines.compile import import_and_lower
+    from pipelines.schema import ConfigError
+
+    torch.manual_seed(0)
+    module, example = load_module(hf_model(family))
+    path = onnx_export(module, example, tmp_path / "default.onnx")
+    model = model_section(frontend="onnx", source=str(path), batch_size=BATCH)
+    with pytest.raises(ConfigError, match=rf"folded parameters .*{FOLDED[family][0]}.*"
+                                          r"optimize=False.*folded: frozen"):
+        import_and_lower(model)
+    frozen = import_and_lower(model.model_copy(update={"folded": "frozen"}))
+    kept = import_and_lower(model_section(
+        frontend="onnx", source=str(onnx_export(module, example, tmp_path / "kept.onnx",
+                                                optimize=False)), batch_size=BATCH))
+    sources = {name for kind, name in kept.names.values() if kind == "parameter"}
+    assert sources == {name for name, _ in module.named_parameters()}
+    assert FOLDED[family][0] not in {n for k, n in frozen.names.values() if k == "parameter"}
+
+
+def test_an_export_that_folded_buffers_only_imports_by_default(tmp_path):
+    """LLaMA's default export folds its rotary frequencies (a buffer), no parameter."""
+    from pipelines.compile import import_and_lower
+
+    torch.manual_seed(0)
+    module, example = load_module(hf_model("llama"))
+    path = onnx_export(module, example, tmp_path / "default.onnx")
+    lowered = import_and_lower(model_section(frontend="onnx", source=str(path), batch_size=BATCH))
+    assert {n for k, n in lowered.names.values() if k == "parameter"} == {
+        name for name, _ in module.named_parameters()}
 
 
 def test_an_export_that_folded_batch_norm_is_refused_with_the_export_that_keeps_it(tmp_path):

@@ -20,7 +20,9 @@ def cause(record: dict) -> str:
     return f"{record['phase']}: {_VARYING.sub('…', record.get('error', ''))[:160]}"
 
 
-def render(records: list[dict]) -> str:
+def render(records: list[dict], expected: int) -> str:
+    """The page for ``records``, of the ``expected`` architectures of the mappings (fewer
+    while a run is under way or was cut short: the page says so)."""
     lines = ["# Model coverage: the transformers zoo through the chain",
              "",
              "Written by the coverage stage (`dvc repro coverage/dvc.yaml`; "
@@ -29,6 +31,10 @@ def render(records: list[dict]) -> str:
              "seeded), one full-BP SGD step compiled and compared with PyTorch's step with the "
              "class's own loss. `ok`: the loss and every tensor within 1e-4 of its scale, the "
              "trained set PyTorch's. Otherwise the first phase it does not pass.",
+             "",
+             f"Checked: {len(records)} of the {expected} architectures"
+             + ("." if len(records) >= expected else
+                " (a run cut short: `dvc repro coverage/dvc.yaml` resumes it)."),
              "",
              "| task | architectures | " + " | ".join(PHASES) + " | share ok |",
              "|---|---:|" + "---:|" * len(PHASES) + "---:|"]

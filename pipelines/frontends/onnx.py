@@ -11,8 +11,13 @@ from pydantic import PositiveInt
 
 from pipelines.frontends.base import ModelBase
 from pipelines.io import ROOT, write_json_atomic
+from pipelines.schema import ConfigError
 
 IMPORTED = "model.onnx"
+# buffers transformers' models register (rotary frequencies, position and token-type ids): a
+# folded one changes nothing a step trains, so it is no reason to refuse the file (the file
+# does not say which folded values were buffers)
+BUFFERS = {"inv_freq", "original_inv_freq", "position_ids", "token_type_ids"}
 
 
 class Config(ModelBase):
@@ -22,6 +27,9 @@ class Config(ModelBase):
     # sizes of the inputs' symbolic dimensions other than the batch, by the names the export
     # gave them ({sequence: 128}); a compiled step has static shapes
     dims: dict[str, PositiveInt] = {}
+    # parameters the exporter folded into constants: an error (the step would silently differ
+    # from the exported model), or left frozen at their exported values
+    folded: Literal["error", "frozen"] = "error"
 
 
 def import_model(model: Config, weights: Path, out: Path) -> str:
@@ -35,11 +43,17 @@ def import_model(model: Config, weights: Path, out: Path) -> str:
 
     source = ROOT / model.source
     proto = prepare(load_onnx(source), model.batch_size, source, model.dims)
+    lost = [n for n in frozen_by_export(proto) if n.rsplit(".", 1)[-1] not in BUFFERS]
+    if lost and model.folded == "error":
+        raise ConfigError(
+            f"{source}: the exporter folded parameters into constants with other values, so a "
+            f"step could not train them: {lost}. Export without constant folding to keep them "
+            "(torch.onnx.export(model, args, path, dynamo=True, optimize=False)), or set "
+            "models.<name>.folded: frozen to train the rest (allowed: error, frozen)")
     check_supported(proto.graph, source)
     onnx.save(proto, str(out / IMPORTED))
     layers = describe_onnx(proto, trainable(proto), model.blocks)
     write_json_atomic(out / "layers.json", layers)
-    lost = frozen_by_export(proto)
     return (f"imported {source}: {len(proto.graph.node)} ONNX nodes, "
             f"{len(layers['parameters'])} trainable parameters"
             + (f"; folded into constants by the exporter, so frozen: {lost}" if lost else ""))

@@ -128,9 +128,12 @@ def rule_matches(rule: dict, layers: dict, position: int) -> list[tuple[str, dic
                if any(match(p["module"]) for match in matchers)
                and p["kind"] in kinds and p["role"] in UPDATES[update]
                and (blocks is None or (p["block"] is not None and p["block"] in blocks))]
-    if not matched:
+    if not matched:  # what its module patterns did match, so the kind or role to ask is plain
+        seen = sorted({f"{p['module']} ({p['kind']}, {p['role']})" for p in candidates
+                       if any(match(p["module"]) for match in matchers)})
         raise _rule_error(name, "selects no parameter (check its modules, kinds, blocks "
-                                "and update together)")
+                                "and update together); its modules match: "
+                                f"{_listed(seen)}")
     return [(p, None if index is None else {"axis": AXES[axis_name], "index": index})
             for p, index in matched]
 
