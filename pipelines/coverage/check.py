@@ -74,8 +74,9 @@ def _shrunk(values: dict) -> dict:
 
 
 def tiny_config(model_type: str, num_labels: int = LABELS):
-    """The model type's default config, shrunk (SMALL), dropout off; the default itself where
-    the shrunk one does not build (the caller finds out)."""
+    """The model type's default config, shrunk (SMALL), with ``num_labels`` classes; whether
+    it builds is the caller's first check (phase ``config``). Dropout goes off where the
+    frontend reads it (frontends/transformers.py)."""
     import transformers
 
     config = transformers.AutoConfig.for_model(model_type)
