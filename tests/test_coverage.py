@@ -26,10 +26,10 @@ def test_a_shrunk_config_has_two_layers_and_small_widths():
 
 def test_failures_group_by_cause_whatever_the_numbers_and_names():
     records = [
-        {"task": "causal_lm", "architecture": "A", "phase": "ok"},
-        {"task": "causal_lm", "architecture": "B", "phase": "differentiates",
+        {"task": "causal_lm", "model_type": "a", "architecture": "A", "phase": "ok"},
+        {"task": "causal_lm", "model_type": "b", "architecture": "B", "phase": "differentiates",
          "error": "MissingGradientRule: operator relax.foo in layer 'x.0' (bound to lv3)"},
-        {"task": "causal_lm", "architecture": "C", "phase": "differentiates",
+        {"task": "causal_lm", "model_type": "c", "architecture": "C", "phase": "differentiates",
          "error": "MissingGradientRule: operator relax.foo in layer 'y.1' (bound to lv12)"},
     ]
     assert cause(records[1]) == cause(records[2])

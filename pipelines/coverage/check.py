@@ -238,7 +238,10 @@ def _error(got, want) -> float:
 
 
 def _first_line(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}".strip().splitlines()[0]
+    """The error's first line, and the next where the first only announces it ("Compilation
+    error:")."""
+    lines = [line.strip() for line in f"{type(err).__name__}: {err}".splitlines() if line.strip()]
+    text = " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
     return text[:300]
 
 

@@ -27,20 +27,26 @@ def run_all(records_path: Path, work: Path, code: str, timeout_s: float, jobs: i
         for line in records_path.read_text().splitlines():
             record = json.loads(line)
             if record.get("code") == code:
-                kept[(record["task"], record["architecture"])] = record
+                kept[_key(record)] = record
     write_text_atomic(records_path, "".join(json.dumps(r, sort_keys=True) + "\n"
                                             for r in kept.values()))
     todo = [a for a in architectures() if (only is None or only in a[2])
-            and (TASKS[a[0]][0], a[2]) not in kept]
+            and (TASKS[a[0]][0], a[1], a[2]) not in kept]
     with ThreadPoolExecutor(jobs) as pool:  # each job waits on a process of its own
         running = [pool.submit(_in_a_process, *a, work / a[2], timeout_s) for a in todo]
         for future in progress(as_completed(running), desc="coverage", total=len(running),
                                unit="architecture"):
             record = {**future.result(), "code": code}
-            kept[(record["task"], record["architecture"])] = record
+            kept[_key(record)] = record
             with open(records_path, "a") as handle:
                 handle.write(json.dumps(record, sort_keys=True) + "\n")
-    return sorted(kept.values(), key=lambda r: (r["task"], r["architecture"]))
+    return sorted(kept.values(), key=_key)
+
+
+def _key(record: dict) -> tuple[str, str, str]:
+    """An architecture of a task: one class can serve several model types (GPT-2's for
+    gpt-sw3), each its own check."""
+    return record["task"], record["model_type"], record["architecture"]
 
 
 def _in_a_process(mapping: str, model_type: str, name: str, directory: Path,

@@ -51,10 +51,10 @@ def render(records: list[dict], expected: int) -> str:
     for text, names in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
         shown = ", ".join(sorted(names)[:4]) + (" …" if len(names) > 4 else "")
         lines.append(f"| {len(names)} | {text.replace('|', '/')} | {shown} |")
-    lines += ["", "## Every architecture", "", "| task | architecture | phase | error |",
-              "|---|---|---|---|"]
-    for record in sorted(records, key=lambda r: (r["task"], r["architecture"])):
+    lines += ["", "## Every architecture", "",
+              "| task | model type | architecture | phase | error |", "|---|---|---|---|---|"]
+    for record in sorted(records, key=lambda r: (r["task"], r["architecture"], r["model_type"])):
         error = record.get("error", "").replace("|", "/")[:200]
-        lines.append(f"| {record['task']} | {record['architecture']} | {record['phase']} | "
-                     f"{error} |")
+        lines.append(f"| {record['task']} | {record['model_type']} | {record['architecture']} | "
+                     f"{record['phase']} | {error} |")
     return "\n".join(lines) + "\n"
