@@ -286,6 +286,13 @@ def test_index_and_mask_paths_stay_out_of_the_gradient():
 CONV = dict(rtol=1e-4, atol=1e-4)
 
 
+def assert_conv_grads_match(relax_conv, torch_conv, x, k, w):
+    """d/dx and d/dk of sum(conv(x, k) * w), Relax against autograd."""
+    got = relax_grads(relax_conv, [x.shape, k.shape], [x, k], w)
+    for g, t in zip(got, torch_grads(torch_conv, [x, k], w)):
+        np.testing.assert_allclose(g, t, **CONV)
+
+
 @pytest.mark.parametrize("stride, padding, dilation, groups", [(1, 1, 1, 1), (2, 2, 2, 2)])
 def test_conv1d_matches_autograd(stride, padding, dilation, groups):
     rng = np.random.default_rng(11)
@@ -294,12 +301,10 @@ def test_conv1d_matches_autograd(stride, padding, dilation, groups):
     want_y = torch.nn.functional.conv1d(torch.tensor(x), torch.tensor(k), stride=stride,
                                         padding=padding, dilation=dilation, groups=groups)
     w = rng.standard_normal(want_y.shape).astype("float32")
-    got = relax_grads(lambda a, b: relax.op.nn.conv1d(a, b, stride, padding, dilation, groups),
-                      [x.shape, k.shape], [x, k], w)
-    want = torch_grads(lambda a, b: torch.nn.functional.conv1d(
-        a, b, stride=stride, padding=padding, dilation=dilation, groups=groups), [x, k], w)
-    for g, t in zip(got, want):
-        np.testing.assert_allclose(g, t, **CONV)
+    assert_conv_grads_match(
+        lambda a, b: relax.op.nn.conv1d(a, b, stride, padding, dilation, groups),
+        lambda a, b: torch.nn.functional.conv1d(a, b, stride=stride, padding=padding,
+                                                dilation=dilation, groups=groups), x, k, w)
 
 
 @pytest.mark.parametrize("rank", [1, 2])
@@ -312,12 +317,9 @@ def test_transposed_conv_matches_autograd(rank):
     relax_op = getattr(relax.op.nn, f"conv{rank}d_transpose")
     want_y = torch_op(torch.tensor(x), torch.tensor(k), stride=2, padding=1, output_padding=1)
     w = rng.standard_normal(want_y.shape).astype("float32")
-    got = relax_grads(lambda a, b: relax_op(a, b, strides=2, padding=1, output_padding=1),
-                      [x.shape, k.shape], [x, k], w)
-    want = torch_grads(lambda a, b: torch_op(a, b, stride=2, padding=1, output_padding=1),
-                       [x, k], w)
-    for g, t in zip(got, want):
-        np.testing.assert_allclose(g, t, **CONV)
+    assert_conv_grads_match(lambda a, b: relax_op(a, b, strides=2, padding=1, output_padding=1),
+                            lambda a, b: torch_op(a, b, stride=2, padding=1, output_padding=1),
+                            x, k, w)
 
 
 def test_conv3d_matches_autograd():
@@ -325,12 +327,9 @@ def test_conv3d_matches_autograd():
     x = rng.standard_normal((2, 3, 6, 7, 5)).astype("float32")
     k = rng.standard_normal((4, 3, 3, 3, 2)).astype("float32")
     w = rng.standard_normal((2, 4, 3, 4, 3)).astype("float32")
-    got = relax_grads(lambda a, b: relax.op.nn.conv3d(a, b, strides=2, padding=1),
-                      [x.shape, k.shape], [x, k], w)
-    want = torch_grads(lambda a, b: torch.nn.functional.conv3d(a, b, stride=2, padding=1),
-                       [x, k], w)
-    for g, t in zip(got, want):
-        np.testing.assert_allclose(g, t, **CONV)
+    assert_conv_grads_match(lambda a, b: relax.op.nn.conv3d(a, b, strides=2, padding=1),
+                            lambda a, b: torch.nn.functional.conv3d(a, b, stride=2, padding=1),
+                            x, k, w)
 
 
 def test_max_pool3d_sends_a_windows_gradient_to_its_first_maximum():
