@@ -32,6 +32,14 @@ def _check_layouts(attrs, data: str, kernel: str) -> None:
                                   f"{attrs.data_layout}/{attrs.kernel_layout})")
 
 
+def _output_padding(ins, out, strides, padding, dilation, kernel) -> list[int]:
+    """Per spatial axis, the rows a transposed conv of the output must add to give the input's
+    size back (``padding``: all low sides, then all high sides, as Relax lists them)."""
+    rank = len(ins)
+    return [i - ((o - 1) * s - lo - hi + d * (k - 1) + 1) for i, o, s, lo, hi, d, k
+            in zip(ins, out, strides, padding[:rank], padding[rank:], dilation, kernel)]
+
+
 def conv2d_grad(orig_var, orig_call, output_grad, ctx):
     """y = conv2d(x, w), NCHW/OIHW: TVM's rule, but with the data gradient's output padding
     computed for dilated kernels (TVM's leaves the dilation out of the size and fails on
@@ -44,8 +52,7 @@ def conv2d_grad(orig_var, orig_call, output_grad, ctx):
     padding, groups = [int(v) for v in a.padding], int(a.groups)
     batch, channels = shape_of(x)[:2]
     out, ins, kernel = shape_of(orig_var)[2:], shape_of(x)[2:], shape_of(w)[2:]
-    output_padding = [i - ((o - 1) * s - lo - hi + d * (k - 1) + 1) for i, o, s, lo, hi, d, k
-                      in zip(ins, out, strides, padding[:2], padding[2:], dilation, kernel)]
+    output_padding = _output_padding(ins, out, strides, padding, dilation, kernel)
     dx = conv2d_transpose(output_grad, w, strides, padding, output_padding, dilation, groups,
                           kernel_layout="IOHW", out_dtype=a.out_dtype)
     data = x
@@ -120,8 +127,7 @@ def conv3d_grad(orig_var, orig_call, output_grad, ctx):
     strides, dilation = [int(v) for v in a.strides], [int(v) for v in a.dilation]
     padding = [int(v) for v in a.padding]  # front, top, left, back, bottom, right
     out, ins, kernel = shape_of(orig_var)[2:], shape_of(x)[2:], shape_of(w)[2:]
-    output_padding = [i - ((o - 1) * s - lo - hi + d * (k - 1) + 1) for i, o, s, lo, hi, d, k
-                      in zip(ins, out, strides, padding[:3], padding[3:], dilation, kernel)]
+    output_padding = _output_padding(ins, out, strides, padding, dilation, kernel)
     dx = conv3d_transpose(output_grad, w, strides, padding, output_padding, dilation,
                           kernel_layout="IODHW", out_dtype=a.out_dtype)
     dw = conv3d(permute_dims(x, [1, 0, 2, 3, 4]), permute_dims(output_grad, [1, 0, 2, 3, 4]),
