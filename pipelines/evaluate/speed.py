@@ -217,16 +217,59 @@ def gpu_sgemm_peak(_cores: int, size: int = 4096, repeats: int = 20) -> float:
     return _product_gflops(lambda: (a @ a, torch.cuda.synchronize()), size, repeats)
 
 
+def peer_losses(case: str, spec: Spec) -> tuple[list, list]:
+    """A checked peer's losses over its first steps on the spec's batch, and PyTorch's doing
+    the same update (pipelines/peers: ``check_losses``)."""
+    import torch
+
+    from pipelines.evaluate.finetune import CHECKED_STEPS
+    from pipelines.runtime.step import CompiledStep
+
+    torch.set_num_threads(spec.cores)
+    compiled = CompiledStep(spec.build, spec.initial)
+    with np.load(spec.batch) as saved:
+        batch = [saved[name] for name in compiled.signature["data"]]
+    return PEERS[case].check_losses(spec, compiled, batch, CHECKED_STEPS)
+
+
+def check_peers(spec: Spec, peers: list[str]) -> tuple[dict, dict]:
+    """Each peer that is not PyTorch (one with ``check_losses``) run for its first steps, in a
+    fresh process, against PyTorch doing the same update: their losses by peer, and why each
+    peer that failed or disagreed is not timed."""
+    from pipelines.evaluate.finetune import LOSS_RTOL
+
+    losses, failed = {}, {}
+    for peer in peers:
+        if not hasattr(PEERS[peer], "check_losses"):
+            continue
+        try:
+            theirs, pytorch = in_fresh_process(peer_losses, peer, spec)
+        except Exception as error:  # noqa: BLE001 - a peer's failure is reported, not raised
+            failed[peer] = f"failed: {type(error).__name__}: {str(error).splitlines()[0]}"
+            continue
+        losses[peer] = {"peer": theirs, "pytorch": pytorch}
+        if not np.allclose(theirs, pytorch, rtol=LOSS_RTOL, atol=0):
+            failed[peer] = (f"disagrees: its first losses {theirs} are not PyTorch's {pytorch} "
+                            f"(rtol {LOSS_RTOL})")
+    return losses, failed
+
+
 def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     """The compiled step and each of ``peers``, each in its own process, with GFLOP/s (from the
     prune ``report``'s FLOPs), examples (tokens, for a token grid) per second, and the ratios
-    of compiled vs each peer."""
+    of compiled vs each peer. A peer that cannot do the case, fails or disagrees with PyTorch
+    is not timed; ``not_timed`` says why."""
     from pipelines.runtime.step import SIGNATURE
 
     signature = read_json(Path(spec.build) / SIGNATURE)
     skipped = {peer: reason for peer in peers if (reason := why_not(peer, signature))}
+    losses, failed = check_peers(spec, [peer for peer in peers if peer not in skipped])
+    skipped.update(failed)
     peers = [peer for peer in peers if peer not in skipped]
     results = time_interleaved(spec, [COMPILED, *peers])
+    for peer, checked in losses.items():
+        if peer in results:
+            results[peer]["first_losses"] = checked
     peak = in_fresh_process(gpu_sgemm_peak if spec.device == "cuda" else sgemm_peak, spec.cores)
     with np.load(spec.batch) as batch:
         x = batch[batch.files[0]]  # the model's first input

@@ -12,13 +12,21 @@ A peer is a module here, registered in PEERS (pipelines/registry.py) under its m
     cannot_time(signature)             optional: why the peer cannot do the case whose step
                                        has this signature (a string), or None; such a case's
                                        metrics say so instead of a time
+    check_losses(spec, compiled, batch, steps)
+                                       for a peer that is not PyTorch: its losses over its first
+                                       ``steps`` on ``batch`` and PyTorch's doing the same
+                                       update; a peer whose losses are not PyTorch's, or that
+                                       fails, is reported so and not timed
+
+A peer from another package is an optional extra (``pip install -e '.[peers]'``): without it,
+``cannot_time`` says how to install it.
 """
 from __future__ import annotations
 
 from pipelines.registry import entries
 
 PEERS = entries(__name__, ("torch_eager_full", "torch_eager_frozen", "torch_compile_full",
-                             "peft_lora"))
+                             "peft_lora", "ort_training_full", "ort_training_frozen"))
 
 
 def why_not(peer: str, signature: dict) -> str | None:

@@ -71,11 +71,17 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
         lines.append(f"| {name} | {case['scheme']} | {variant} | {cost['trainable_fraction']:.2%} "
                      f"| {cost['backward_flops_vs_full']:.3f} | {timing} | "
                      f"{_mib(row['plan']['planned_peak_bytes'])} | {accuracy} |")
-    return lines + ["", "Speedups are PyTorch's median step time over the compiled step's, each "
-                    "case in a fresh process on the host's cores; a blank: the peer does not "
-                    "do the case. Peak memory is each process's resident memory at its peak "
+    not_timed = [f"- {name}, {peer}: {reason}" for name in names
+                 for peer, reason in ((found["evaluate"][name] or {}).get("speed") or {})
+                 .get("not_timed", {}).items()]
+    return lines + ["", "Speedups are each peer's median step time over the compiled step's, "
+                    "each case in a fresh process on the host's cores; a peer that is not "
+                    "PyTorch is timed only once its first losses are PyTorch's doing the same "
+                    "update. A blank: the peer did not time the case, for the reason listed "
+                    "below. Peak memory is each process's resident memory at its peak "
                     "above what it held before the case was set up: weights, optimizer state, "
-                    "activations.", ""]
+                    "activations.", "",
+                    *(["Not timed:", "", *not_timed, ""] if not_timed else [])]
 
 
 def sparse_tables(name: str, report: dict, plan: dict) -> list[str]:
