@@ -6,23 +6,38 @@ from conftest import random_batch
 
 from pipelines.evaluate.speed import Spec, check_peers, time_interleaved
 from pipelines.io import save_arrays
+from pipelines.peers import why_not
 
-pytestmark = pytest.mark.slow
 ORT = ["ort_training_full", "ort_training_frozen"]
 pytest.importorskip("onnxruntime.training", reason="pip install -e '.[peers]'")
+
+
+@pytest.mark.parametrize("task, optimizer, reason", [
+    ("classification", "Adam", "ONNX Runtime training has SGD and AdamW optimizers, not Adam"),
+    ("pair_ranking", "SGD", "this case's task is pair_ranking"),
+    ("causal_lm", "AdamW", None)])
+def test_onnxruntime_training_says_what_it_cannot_do(task, optimizer, reason):
+    signature = {"task": task, "optimizer": {"torch_class": optimizer}}
+    for peer in ORT:
+        said = why_not(peer, signature)
+        assert said == reason if reason is None else reason in said
 
 
 def spec_of(params, build_case, tmp_path_factory, case: str, model: str, optimizer: str):
     compiled = build_case(params, case)
     batch = tmp_path_factory.mktemp("peers") / "batch.npz"
-    save_arrays(batch, dict(zip(compiled.signature["data"], random_batch(compiled, classes=2))))
+    classes = 2 if compiled.signature["task"] == "classification" else None
+    save_arrays(batch, dict(zip(compiled.signature["data"],
+                                random_batch(compiled, classes=classes))))
     return Spec(cores=1, warmup=1, steps=2, batch=batch, build=compiled.directory,
                 initial=compiled.initial, model=params.models[model],
                 optimizer=params.optimizers[optimizer])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, model, optimizer", [("mbv2", "mbv2", "sgd"),
-                                                    ("minilm_lora", "minilm", "adamw")])
+                                                    ("minilm_lora", "minilm", "adamw"),
+                                                    ("llama_paper", "llama_tiny", "sgd")])
 def test_onnxruntime_training_agrees_with_pytorch_and_is_timed(
         small, build_case, tmp_path_factory, case, model, optimizer):
     spec = spec_of(small, build_case, tmp_path_factory, case, model, optimizer)

@@ -22,7 +22,12 @@ from pathlib import Path
 
 # ONNX Runtime 1.19 reads models up to this IR version; onnx 1.23 writes newer ones.
 MAX_IR_VERSION = 10
-TASKS = ("classification", "regression")
+# What the exported model's output becomes before ONNX Runtime's loss (a cross entropy over
+# rows, or a mean squared error), and the labels beside it: models/pytorch.py's task_loss.
+TOKEN_TASKS = {"causal_lm": (lambda out: out[:, :-1].flatten(0, 1),
+                             lambda labels: labels[:, 1:].reshape(-1)),
+               "masked_lm": (lambda out: out.flatten(0, 1), lambda labels: labels.reshape(-1))}
+TASKS = ("classification", "regression", *TOKEN_TASKS)
 
 
 def cannot_time(signature: dict) -> str | None:
@@ -110,6 +115,9 @@ def ort_step(spec, compiled, batch, frozen: bool):
     optimizer.set_learning_rate(spec.optimizer.lr)
     module.train()
     *inputs, labels = batch
+    task = compiled.signature["task"]
+    if task in TOKEN_TASKS:
+        labels = TOKEN_TASKS[task][1](labels)
     labels = labels.astype(np.int64) if labels.dtype.kind in "iu" else labels
 
     def step() -> float:
@@ -134,6 +142,9 @@ def _write_artifacts(model, source: str, signature: dict, batch, names: list[str
     from pipelines.tasks import IGNORE_INDEX
 
     model = held_norms_as_arithmetic(model.train())
+    if signature["task"] in TOKEN_TASKS:  # a hook keeps the parameters' names in the export
+        rows = TOKEN_TASKS[signature["task"]][0]
+        model.register_forward_hook(lambda module, args, out: rows(out))
     inputs = tuple(torch.from_numpy(a) for a in batch[:-1])
     exported = io.BytesIO()
     with warnings.catch_warnings():  # the TorchScript exporter's deprecation notices
@@ -152,8 +163,8 @@ def _write_artifacts(model, source: str, signature: dict, batch, names: list[str
     if missing:
         raise RuntimeError(f"the ONNX export of {source} has no initializer for the "
                            f"trained parameters {missing[:5]}")
-    loss = (onnxblock.loss.CrossEntropyLoss(ignore_index=IGNORE_INDEX)
-            if signature["task"] == "classification" else onnxblock.loss.MSELoss())
+    loss = (onnxblock.loss.MSELoss() if signature["task"] == "regression"
+            else onnxblock.loss.CrossEntropyLoss(ignore_index=IGNORE_INDEX))
     update = (onnxblock.optim.AdamW(betas=tuple(optimizer.betas), eps=optimizer.eps,
                                     weight_decay=optimizer.weight_decay)
               if optimizer.kind == "adamw" else onnxblock.optim.SGD())
