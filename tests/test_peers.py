@@ -9,7 +9,9 @@ from pipelines.io import save_arrays
 from pipelines.peers import why_not
 
 ORT = ["ort_training_full", "ort_training_frozen"]
+TF = ["tensorflow_full", "tensorflow_frozen"]
 pytest.importorskip("onnxruntime.training", reason="pip install -e '.[peers]'")
+pytest.importorskip("tensorflow", reason="pip install -e '.[peers]'")
 
 
 @pytest.mark.parametrize("task, optimizer, reason", [
@@ -19,7 +21,7 @@ pytest.importorskip("onnxruntime.training", reason="pip install -e '.[peers]'")
 def test_onnxruntime_training_says_what_it_cannot_do(task, optimizer, reason):
     signature = {"task": task, "optimizer": {"torch_class": optimizer}}
     for peer in ORT:
-        said = why_not(peer, signature)
+        said = why_not(peer, signature, None)
         assert said == reason if reason is None else reason in said
 
 
@@ -34,17 +36,25 @@ def spec_of(params, build_case, tmp_path_factory, case: str, model: str, optimiz
                 optimizer=params.optimizers[optimizer])
 
 
+def test_tensorflow_says_what_it_cannot_do(small):
+    signature = {"task": "classification", "optimizer": {"torch_class": "SGD"}}
+    assert "MobileNetV2" in why_not("tensorflow_full", signature, small.models["minilm"])
+    assert why_not("tensorflow_full", signature, small.models["mbv2"]) is None
+    adam = {**signature, "optimizer": {"torch_class": "AdamW"}}
+    assert "not AdamW" in why_not("tensorflow_frozen", adam, small.models["mbv2"])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case, model, optimizer", [("mbv2", "mbv2", "sgd"),
-                                                    ("minilm_lora", "minilm", "adamw"),
-                                                    ("llama_paper", "llama_tiny", "sgd")])
-def test_onnxruntime_training_agrees_with_pytorch_and_is_timed(
-        small, build_case, tmp_path_factory, case, model, optimizer):
+@pytest.mark.parametrize("case, model, optimizer, peers", [
+    ("mbv2", "mbv2", "sgd", ORT + TF), ("minilm_lora", "minilm", "adamw", ORT),
+    ("llama_paper", "llama_tiny", "sgd", ORT)])
+def test_peers_agree_with_pytorch_and_are_timed(small, build_case, tmp_path_factory, case,
+                                                model, optimizer, peers):
     spec = spec_of(small, build_case, tmp_path_factory, case, model, optimizer)
-    losses, failed = check_peers(spec, ORT)
+    losses, failed = check_peers(spec, peers)
     assert failed == {}
-    for peer in ORT:
+    for peer in peers:
         assert len(losses[peer]["peer"]) == 2
-    results = time_interleaved(spec, ["compiled", *ORT])
-    for peer in ORT:
+    results = time_interleaved(spec, ["compiled", *peers])
+    for peer in peers:
         assert results[peer]["steps"] == 2 and results[peer]["median_ms"] > 0

@@ -17,6 +17,7 @@ GFLOP/s. On a GPU (``Spec.device``), each case's memory is also what it holds on
 """
 from __future__ import annotations
 
+import importlib
 import math
 import multiprocessing
 import os
@@ -85,6 +86,8 @@ def serve_case(case: str, spec: Spec, conn) -> None:
 
     from pipelines.runtime.peak_memory import HeldOnGPU, PeakRSS, resident_bytes
 
+    for library in getattr(PEERS.get(case), "IMPORTS", ()):
+        importlib.import_module(library)  # its import is not the case's footprint
     gpu = HeldOnGPU() if spec.device == "cuda" else nullcontext()
     with gpu:
         # The whole footprint: what the case holds once set up (weights; the compiled step's
@@ -262,7 +265,8 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     from pipelines.runtime.step import SIGNATURE
 
     signature = read_json(Path(spec.build) / SIGNATURE)
-    skipped = {peer: reason for peer in peers if (reason := why_not(peer, signature))}
+    skipped = {peer: reason for peer in peers
+               if (reason := why_not(peer, signature, spec.model))}
     losses, failed = check_peers(spec, [peer for peer in peers if peer not in skipped])
     skipped.update(failed)
     peers = [peer for peer in peers if peer not in skipped]

@@ -9,9 +9,12 @@ A peer is a module here, registered in PEERS (pipelines/registry.py) under its m
                                        evaluate/speed.py's Spec, ``compiled`` the CompiledStep
                                        of the build (its signature and initial state), ``batch``
                                        the step's arrays in its order
-    cannot_time(signature)             optional: why the peer cannot do the case whose step
-                                       has this signature (a string), or None; such a case's
+    cannot_time(signature, model)      optional: why the peer cannot do the case whose step
+                                       has this signature, of this model (a config's model
+                                       section), as a string, or None; such a case's
                                        metrics say so instead of a time
+    IMPORTS                            optional: the libraries the peer runs on, imported
+                                       before its memory baseline (as PyTorch and TVM are)
     check_losses(spec, compiled, batch, steps)
                                        for a peer that is not PyTorch: its losses over its first
                                        ``steps`` on ``batch`` and PyTorch's doing the same
@@ -26,10 +29,12 @@ from __future__ import annotations
 from pipelines.registry import entries
 
 PEERS = entries(__name__, ("torch_eager_full", "torch_eager_frozen", "torch_compile_full",
-                             "peft_lora", "ort_training_full", "ort_training_frozen"))
+                             "peft_lora", "ort_training_full", "ort_training_frozen",
+                             "tensorflow_full", "tensorflow_frozen"))
 
 
-def why_not(peer: str, signature: dict) -> str | None:
-    """Why ``peer`` cannot time the case whose step has ``signature``, or None."""
+def why_not(peer: str, signature: dict, model) -> str | None:
+    """Why ``peer`` cannot time the case whose step has ``signature``, of ``model`` (a
+    config's model section), or None."""
     check = getattr(PEERS[peer], "cannot_time", None)
-    return check(signature) if check else None
+    return check(signature, model) if check else None

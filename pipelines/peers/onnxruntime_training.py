@@ -20,6 +20,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from pipelines.peers.pytorch import peer_twin, reference_losses
+
 # ONNX Runtime 1.19 reads models up to this IR version; onnx 1.23 writes newer ones.
 MAX_IR_VERSION = 10
 # What the exported model's output becomes before ONNX Runtime's loss (a cross entropy over
@@ -28,9 +30,10 @@ TOKEN_TASKS = {"causal_lm": (lambda out: out[:, :-1].flatten(0, 1),
                              lambda labels: labels[:, 1:].reshape(-1)),
                "masked_lm": (lambda out: out.flatten(0, 1), lambda labels: labels.reshape(-1))}
 TASKS = ("classification", "regression", *TOKEN_TASKS)
+IMPORTS = ("onnxruntime.training.api",)
 
 
-def cannot_time(signature: dict) -> str | None:
+def cannot_time(signature: dict, model) -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("onnxruntime") is None or not importlib.util.find_spec(
@@ -52,18 +55,6 @@ def optimizer_run(optimizer):
         return optimizer.model_copy(update={"momentum": 0.0, "nesterov": False,
                                             "weight_decay": 0.0})
     return optimizer
-
-
-def peer_twin(spec, compiled, frozen: bool):
-    """The model the peer trains (the plain one for full backpropagation, with the scheme's
-    LoRA adapters for the scheme) and the parameters it trains, by the source's names."""
-    from pipelines.frontends.twin import torch_twin
-    from pipelines.runtime.step import selection_of
-
-    model = torch_twin(spec.model, compiled.signature, spec.initial, adapters=frozen)
-    names = (list(selection_of(compiled.signature)) if frozen
-             else [name for name, _ in model.named_parameters()])
-    return model, names
 
 
 def held_norms_as_arithmetic(model):
@@ -195,11 +186,6 @@ def _native_stderr_silenced():
 def first_losses(spec, compiled, batch, steps: int, frozen: bool) -> tuple[list, list]:
     """The peer's losses over its first ``steps`` on ``batch``, and PyTorch's doing the same
     update (the same trained tensors, ``optimizer_run``'s optimizer) from the same values."""
-    from pipelines.models.pytorch import make_optimizer, train_step
-
-    step = ort_step(spec, compiled, batch, frozen)
-    peer = [step() for _ in range(steps)]
-    twin, names = peer_twin(spec, compiled, frozen)
-    update = make_optimizer(twin, optimizer_run(spec.optimizer), names)
-    task = compiled.signature["task"]
-    return peer, [train_step(twin, update, *batch, task=task) for _ in range(steps)]
+    peer = ort_step(spec, compiled, batch, frozen)
+    return ([peer() for _ in range(steps)],
+            reference_losses(spec, compiled, batch, steps, frozen, optimizer_run(spec.optimizer)))

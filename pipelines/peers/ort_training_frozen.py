@@ -3,10 +3,10 @@ rest frozen: the same sparse update as PyTorch's frozen peer
 (pipelines/peers/onnxruntime_training.py)."""
 from __future__ import annotations
 
-from pipelines.peers.onnxruntime_training import cannot_time, first_losses, ort_step
+from pipelines.peers.onnxruntime_training import IMPORTS, cannot_time, first_losses, ort_step
 
 WORK = "pruned"
-__all__ = ["WORK", "cannot_time", "make_step", "check_losses"]
+__all__ = ["IMPORTS", "WORK", "cannot_time", "make_step", "check_losses"]
 
 
 def make_step(spec, compiled, batch):

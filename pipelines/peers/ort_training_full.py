@@ -2,10 +2,10 @@
 (pipelines/peers/onnxruntime_training.py)."""
 from __future__ import annotations
 
-from pipelines.peers.onnxruntime_training import cannot_time, first_losses, ort_step
+from pipelines.peers.onnxruntime_training import IMPORTS, cannot_time, first_losses, ort_step
 
 WORK = "full"
-__all__ = ["WORK", "cannot_time", "make_step", "check_losses"]
+__all__ = ["IMPORTS", "WORK", "cannot_time", "make_step", "check_losses"]
 
 
 def make_step(spec, compiled, batch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 WORK = "pruned"
 
 
-def cannot_time(signature: dict) -> str | None:
+def cannot_time(signature: dict, model) -> str | None:
     return None if signature.get("lora") else "PEFT LoRA times LoRA cases (a scheme with lora:)"
 
 

@@ -1,6 +1,7 @@
 """What PyTorch's peers share: the twin of the compiled step (the model's own module holding the
 step's initial values) and its torch.optim update, on the step's batch, on the CPU or the GPU the
-compiled step runs on (``spec.device``)."""
+compiled step runs on (``spec.device``). The other peers start from the same twin and are
+checked against its update (``peer_twin``, ``reference_losses``)."""
 from __future__ import annotations
 
 
@@ -23,3 +24,28 @@ def torch_step(spec, compiled, batch, frozen: bool, compile: bool = False):
     # eager; compiling happens in the first warm-up step, outside the timed ones.
     net = torch.compile(model) if compile else model
     return lambda: train_step(net, optimizer, *tensors, task=compiled.signature["task"])
+
+
+def peer_twin(spec, compiled, frozen: bool):
+    """The twin a peer trains (the plain model for full backpropagation; the scheme's, LoRA
+    adapters and all, for the scheme) and the parameters it trains, by the source's names:
+    whole tensors (a channel-selected parameter is trained whole, as other engines freeze
+    tensors, not channels)."""
+    from pipelines.frontends.twin import torch_twin
+    from pipelines.runtime.step import selection_of
+
+    model = torch_twin(spec.model, compiled.signature, spec.initial, adapters=frozen)
+    names = (list(selection_of(compiled.signature)) if frozen
+             else [name for name, _ in model.named_parameters()])
+    return model, names
+
+
+def reference_losses(spec, compiled, batch, steps: int, frozen: bool, optimizer) -> list:
+    """PyTorch's losses over the first ``steps`` on ``batch`` training what ``peer_twin`` gives
+    with ``optimizer`` (a config's optimizer): what a peer's first losses are checked against."""
+    from pipelines.models.pytorch import make_optimizer, train_step
+
+    twin, names = peer_twin(spec, compiled, frozen)
+    update = make_optimizer(twin, optimizer, names)
+    return [train_step(twin, update, *batch, task=compiled.signature["task"])
+            for _ in range(steps)]

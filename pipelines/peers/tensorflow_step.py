@@ -1,0 +1,180 @@
+"""What TensorFlow's peers share (the paper's baseline: its figures are against TensorFlow): the
+case's MobileNetV2 (pipelines/models/mobilenetv2.py) written in TensorFlow ops, channels last
+as TensorFlow runs convolutions on the CPU, holding the twin's values, trained by one
+``tf.function``: forward, ``tf.GradientTape``'s gradients of the trained variables only, and
+torch.optim.SGD's update (L2 weight decay, momentum with dampening 0, Nesterov) written in
+TensorFlow, so that its losses are PyTorch's doing the same step.
+
+The model is translated module by module from the twin (``_Translation``): convolutions
+(dense and depthwise), batch norms (batch statistics and running statistics updated as
+PyTorch's; held ones normalise with their running statistics), ReLU6, linear layers and the
+inverted residual blocks. Other models are not translated: the peer says so.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+MODEL_SOURCE = "pipelines/models/mobilenetv2.py"
+IMPORTS = ("tensorflow",)
+
+
+def cannot_time(signature: dict, model) -> str | None:
+    if importlib.util.find_spec("tensorflow") is None:
+        return "tensorflow is not installed: pip install -e '.[peers]'"
+    if model is None or getattr(model, "source", None) != MODEL_SOURCE:
+        return f"the TensorFlow peer has the MobileNetV2 of {MODEL_SOURCE} only"
+    if signature["optimizer"]["torch_class"] != "SGD":
+        return (f"the TensorFlow peer runs SGD, as the MobileNetV2 cases do, not "
+                f"{signature['optimizer']['torch_class']}")
+    if signature.get("lora"):
+        return "the TensorFlow peer has no LoRA adapters"
+    return None
+
+
+class _Translation:
+    """The twin's modules as TensorFlow functions of channels-last tensors, with a variable
+    per parameter and running statistic (by the twin's names)."""
+
+    def __init__(self, twin, trained: list[str]):
+        import tensorflow as tf
+
+        self.tf = tf
+        self.trained = {name: None for name in trained}
+        self.variables: dict[str, object] = {}
+        self.forward = self._module(twin, "")
+
+    def _variable(self, name: str, value):
+        variable = self.tf.Variable(value, name=name.replace(".", "/"),
+                                    trainable=name in self.trained)
+        self.variables[name] = variable
+        return variable
+
+    def _module(self, module, name: str):
+        from torch import nn
+
+        tf = self.tf
+        at = f"{name}." if name else ""
+        # by class name: the twin's classes are its model file's, loaded as the user's file
+        kind = type(module).__name__
+        if kind == "MobileNetV2":
+            features = self._module(module.features, f"{at}features")
+            classifier = self._module(module.classifier, f"{at}classifier")
+            return lambda x: classifier(tf.reduce_mean(features(x), axis=[1, 2]))
+        if kind == "InvertedResidual":
+            inner = self._module(module.conv, f"{at}conv")
+            return (lambda x: x + inner(x)) if module.use_residual else inner
+        if isinstance(module, nn.Sequential):
+            parts = [self._module(child, f"{at}{key}") for key, child in module.named_children()]
+
+            def sequence(x):
+                for part in parts:
+                    x = part(x)
+                return x
+            return sequence
+        if isinstance(module, nn.Conv2d):
+            return self._conv(module, name)
+        if isinstance(module, nn.BatchNorm2d):
+            return self._batch_norm(module, name)
+        if isinstance(module, nn.ReLU6):
+            return tf.nn.relu6
+        if isinstance(module, nn.Dropout) and module.p == 0:
+            return lambda x: x
+        if isinstance(module, nn.Linear):
+            weight = self._variable(f"{at}weight", module.weight.detach().numpy().T)
+            bias = self._variable(f"{at}bias", module.bias.detach().numpy())
+            return lambda x: tf.matmul(x, weight) + bias
+        raise NotImplementedError(f"the TensorFlow peer has no translation of {name!r} "
+                                  f"({type(module).__name__})")
+
+    def _conv(self, conv, name: str):
+        tf = self.tf
+        if conv.bias is not None or conv.dilation != (1, 1):
+            raise NotImplementedError(f"the TensorFlow peer's convolutions have no bias or "
+                                      f"dilation ({name})")
+        weight = conv.weight.detach().numpy()  # (out, in / groups, kh, kw)
+        stride, (pad, _) = conv.stride[0], conv.padding
+        depthwise = conv.groups == conv.in_channels == conv.out_channels and conv.groups > 1
+        if not depthwise and conv.groups != 1:
+            raise NotImplementedError(f"the TensorFlow peer has no grouped convolution ({name})")
+        # (kh, kw, in, out), or (kh, kw, channels, 1) for a depthwise one
+        kernel = self._variable(f"{name}.weight", weight.transpose(2, 3, 0, 1) if depthwise
+                                else weight.transpose(2, 3, 1, 0))
+        pads = [[0, 0], [pad, pad], [pad, pad], [0, 0]]
+
+        def run(x):
+            if pad:  # PyTorch pads both sides alike; TensorFlow's "SAME" not at stride 2
+                x = tf.pad(x, pads)
+            if depthwise:
+                return tf.nn.depthwise_conv2d(x, kernel, [1, stride, stride, 1], "VALID")
+            return tf.nn.conv2d(x, kernel, stride, "VALID")
+        return run
+
+    def _batch_norm(self, norm, name: str):
+        tf = self.tf
+        gamma = self._variable(f"{name}.weight", norm.weight.detach().numpy())
+        beta = self._variable(f"{name}.bias", norm.bias.detach().numpy())
+        mean = self._variable(f"{name}.running_mean", norm.running_mean.numpy())
+        var = self._variable(f"{name}.running_var", norm.running_var.numpy())
+        momentum, eps = norm.momentum, norm.eps
+        if not norm.training:  # its statistics held (models/pytorch.py: hold_statistics)
+            return lambda x: tf.nn.batch_normalization(x, mean, var, beta, gamma, eps)
+
+        def run(x):
+            batch_mean, batch_var = tf.nn.moments(x, axes=[0, 1, 2])
+            count = tf.cast(tf.size(x) // tf.shape(x)[-1], x.dtype)
+            # PyTorch's running variance is the unbiased one
+            mean.assign((1 - momentum) * mean + momentum * tf.stop_gradient(batch_mean))
+            var.assign((1 - momentum) * var + momentum * tf.stop_gradient(
+                batch_var * count / (count - 1)))
+            return tf.nn.batch_normalization(x, batch_mean, batch_var, beta, gamma, eps)
+        return run
+
+
+def tf_step(spec, compiled, batch, frozen: bool):
+    """One TensorFlow training step as a callable returning its loss: every parameter of
+    the model trained, or with ``frozen`` the scheme's (whole tensors)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from pipelines.peers.pytorch import peer_twin
+    from pipelines.tasks import IGNORE_INDEX
+
+    tf.config.threading.set_intra_op_parallelism_threads(spec.cores)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    twin, names = peer_twin(spec, compiled, frozen)
+    model = _Translation(twin.train(), names)
+    trained = [model.variables[name] for name in names]
+    buffers = [tf.Variable(tf.zeros_like(v), trainable=False) for v in trained]
+    optimizer = spec.optimizer
+    lr, momentum, decay = optimizer.lr, optimizer.momentum, optimizer.weight_decay
+    x, labels = batch
+    x = tf.constant(np.ascontiguousarray(x.transpose(0, 2, 3, 1)))  # channels last
+    labels = tf.constant(labels.astype(np.int64))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            logits = model.forward(x)
+            kept = tf.not_equal(labels, IGNORE_INDEX)
+            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                tf.where(kept, labels, 0), logits)
+            loss = tf.reduce_sum(tf.where(kept, losses, 0.0)) / tf.reduce_sum(
+                tf.cast(kept, losses.dtype))
+        for weight, grad, buffer in zip(trained, tape.gradient(loss, trained), buffers):
+            grad = grad + decay * weight if decay else grad
+            if momentum:
+                buffer.assign(momentum * buffer + grad)
+                grad = grad + momentum * buffer if optimizer.nesterov else buffer
+            weight.assign_sub(lr * grad)
+        return loss
+    return lambda: float(step())
+
+
+def first_losses(spec, compiled, batch, steps: int, frozen: bool) -> tuple[list, list]:
+    """The peer's losses over its first ``steps`` on ``batch``, and PyTorch's doing the same
+    update from the same values."""
+    from pipelines.peers.pytorch import reference_losses
+
+    peer = tf_step(spec, compiled, batch, frozen)
+    return ([peer() for _ in range(steps)],
+            reference_losses(spec, compiled, batch, steps, frozen, spec.optimizer))
