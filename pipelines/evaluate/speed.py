@@ -191,8 +191,12 @@ def time_interleaved(spec: Spec, cases: list[str], available=available_bytes
 
 
 def in_fresh_process(function, *args):
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(function, args)
+    """``function(*args)`` in a spawned process; a process that dies (a native crash) is a
+    BrokenProcessPool error here, not a hang."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
 
 
 def _product_gflops(product, size: int, repeats: int) -> float:
