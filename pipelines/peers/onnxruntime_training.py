@@ -5,8 +5,8 @@ exported to ONNX with each layer in its own mode (training-mode batch norms, fro
 held), and ``generate_artifacts`` adds its loss, gradient graph and optimizer, with the
 parameters outside the trained set frozen; its training API runs the steps, as an app would.
 
-ONNX Runtime's optimizers are AdamW (Hugging Face's form) and plain SGD: a case with momentum
-or weight decay is run with plain SGD at its learning rate, and its losses are checked against
+ONNX Runtime's optimizers are AdamW (set to torch.optim.AdamW's form) and plain SGD: a case with
+momentum or weight decay is run with plain SGD at its learning rate, and its losses are checked against
 PyTorch doing that same update (``first_losses``). It freezes whole tensors: a channel-sparse
 parameter is trained whole, as PyTorch's frozen peer computes it. Its training graph runs every
 batch norm in training mode, so a batch norm whose statistics the scheme holds is exported as
@@ -24,6 +24,7 @@ from pipelines.peers.pytorch import peer_twin, reference_losses
 
 # ONNX Runtime 1.19 reads models up to this IR version; onnx 1.23 writes newer ones.
 MAX_IR_VERSION = 10
+TORCH_ADAMW = 0  # its AdamWOptimizer's adam_mode for torch.optim.AdamW's update
 # What the exported model's output becomes before ONNX Runtime's loss (a cross entropy over
 # rows, or a mean squared error), and the labels beside it: models/pytorch.py's task_loss.
 TOKEN_TASKS = {"causal_lm": (lambda out: out[:, :-1].flatten(0, 1),
@@ -166,6 +167,11 @@ def _write_artifacts(model, source: str, signature: dict, batch, names: list[str
     for name in ("training_model.onnx", "optimizer_model.onnx"):
         written = onnx.load(directory / name)
         written.ir_version = min(written.ir_version, MAX_IR_VERSION)
+        for node in written.graph.node:  # its block writes Hugging Face's form (adam_mode 1)
+            if node.op_type == "AdamWOptimizer":
+                for attribute in node.attribute:
+                    if attribute.name == "adam_mode":
+                        attribute.i = TORCH_ADAMW
         onnx.save(written, directory / name)
 
 

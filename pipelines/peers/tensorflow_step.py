@@ -39,7 +39,7 @@ class _Translation:
         import tensorflow as tf
 
         self.tf = tf
-        self.trained = {name: None for name in trained}
+        self.trained = set(trained)
         self.variables: dict[str, object] = {}
         self.forward = self._module(twin, "")
 
