@@ -20,7 +20,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipelines.peers.pytorch import peer_twin, reference_losses
+from pipelines.peers.pytorch import losses_beside_pytorch, peer_twin
 
 # ONNX Runtime 1.19 reads models up to this IR version; onnx 1.23 writes newer ones.
 MAX_IR_VERSION = 10
@@ -190,8 +190,6 @@ def _native_stderr_silenced():
 
 
 def first_losses(spec, compiled, batch, steps: int, frozen: bool) -> tuple[list, list]:
-    """The peer's losses over its first ``steps`` on ``batch``, and PyTorch's doing the same
-    update (the same trained tensors, ``optimizer_run``'s optimizer) from the same values."""
-    peer = ort_step(spec, compiled, batch, frozen)
-    return ([peer() for _ in range(steps)],
-            reference_losses(spec, compiled, batch, steps, frozen, optimizer_run(spec.optimizer)))
+    """The peer's first losses and PyTorch's doing the same update (``optimizer_run``'s)."""
+    return losses_beside_pytorch(ort_step(spec, compiled, batch, frozen), spec, compiled, batch,
+                                 steps, frozen, optimizer_run(spec.optimizer))

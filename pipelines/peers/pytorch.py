@@ -1,7 +1,7 @@
 """What PyTorch's peers share: the twin of the compiled step (the model's own module holding the
 step's initial values) and its torch.optim update, on the step's batch, on the CPU or the GPU the
 compiled step runs on (``spec.device``). The other peers start from the same twin and are
-checked against its update (``peer_twin``, ``reference_losses``)."""
+checked against its update (``peer_twin``, ``losses_beside_pytorch``)."""
 from __future__ import annotations
 
 
@@ -40,12 +40,15 @@ def peer_twin(spec, compiled, frozen: bool):
     return model, names
 
 
-def reference_losses(spec, compiled, batch, steps: int, frozen: bool, optimizer) -> list:
-    """PyTorch's losses over the first ``steps`` on ``batch`` training what ``peer_twin`` gives
-    with ``optimizer`` (a config's optimizer): what a peer's first losses are checked against."""
+def losses_beside_pytorch(peer_step, spec, compiled, batch, steps: int, frozen: bool,
+                          optimizer) -> tuple[list, list]:
+    """A peer's losses over its first ``steps`` (``peer_step()`` runs one and returns its loss),
+    and PyTorch's training what ``peer_twin`` gives with ``optimizer`` (a config's optimizer)
+    from the same values on ``batch``: what ``check_losses`` returns."""
     from pipelines.models.pytorch import make_optimizer, train_step
 
+    peer = [peer_step() for _ in range(steps)]
     twin, names = peer_twin(spec, compiled, frozen)
     update = make_optimizer(twin, optimizer, names)
-    return [train_step(twin, update, *batch, task=compiled.signature["task"])
-            for _ in range(steps)]
+    return peer, [train_step(twin, update, *batch, task=compiled.signature["task"])
+                  for _ in range(steps)]

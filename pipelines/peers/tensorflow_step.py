@@ -171,10 +171,8 @@ def tf_step(spec, compiled, batch, frozen: bool):
 
 
 def first_losses(spec, compiled, batch, steps: int, frozen: bool) -> tuple[list, list]:
-    """The peer's losses over its first ``steps`` on ``batch``, and PyTorch's doing the same
-    update from the same values."""
-    from pipelines.peers.pytorch import reference_losses
+    """The peer's first losses and PyTorch's doing the same update."""
+    from pipelines.peers.pytorch import losses_beside_pytorch
 
-    peer = tf_step(spec, compiled, batch, frozen)
-    return ([peer() for _ in range(steps)],
-            reference_losses(spec, compiled, batch, steps, frozen, spec.optimizer))
+    return losses_beside_pytorch(tf_step(spec, compiled, batch, frozen), spec, compiled, batch,
+                                 steps, frozen, spec.optimizer)
