@@ -178,9 +178,11 @@ def build(optimized: tvm.IRModule, plan: dict, profile, directory: Path,
           database=None) -> Build:
     """Phase 6: ``optimized`` (the variant the profile takes, with its ``plan``) built for
     ``profile`` into ``directory``, its signature and plan beside it."""
-    built = build_step(without_signature(optimized), profile, directory, database)
+    signature = signature_of(optimized)
+    built = build_step(without_signature(optimized), profile, directory, database,
+                       inputs=len(signature["data"]))
     built["update_kernels"] = update_kernels(optimized)  # for the kernel profile's phases
-    built = Build(Path(directory), signature_of(optimized), plan, built)
+    built = Build(Path(directory), signature, plan, built)
     built.save()
     return built
 

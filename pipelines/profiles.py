@@ -52,6 +52,9 @@ class ProfileBase(Strict):
     runner: Literal[tuple(RUNNERS)]
     toolchain: Toolchain = Toolchain()
     tune: Tune = Tune()
+    # a CUDA target: the step's kernels that read only its resident state replayed as CUDA
+    # graphs (backend/build.py resident_state), one launch instead of hundreds
+    cuda_graph: bool = False
 
     @field_validator("target", "host")
     @classmethod
@@ -86,6 +89,10 @@ class ProfileBase(Strict):
                              f"device, but runner={self.runner!r}, target kind "
                              f"{self.target['kind']!r}; allowed: tune.trials 0 (committed "
                              "records only), or runner 'local' or 'docker' with an llvm target")
+        if self.cuda_graph and self.target["kind"] != "cuda":
+            raise ValueError(f"cuda_graph=true needs a CUDA target, but target.kind="
+                             f"{self.target['kind']!r}; allowed: cuda_graph false, or target "
+                             "kind 'cuda'")
         if hasattr(runner, "check"):
             runner.check(self)
         return self

@@ -11,6 +11,7 @@ GPU targets get their kernels scheduled (gpu.py); CUDA kernels are compiled here
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tarfile
 from collections import Counter
@@ -50,16 +51,22 @@ def check_toolchain(profile) -> None:
                           f"which is not on PATH; install {NVCC_PACKAGE}")
 
 
-def build_step(mod: tvm.IRModule, profile, directory: Path, database=None) -> dict:
+def build_step(mod: tvm.IRModule, profile, directory: Path, database=None,
+               inputs: int | None = None) -> dict:
     """Compile ``mod`` for ``profile`` into ``directory``; returns what the manifest records.
     A CPU kernel with a record in ``database`` (a tuning database, backend/databases.py) takes
-    its tuned schedule, the others the default one."""
+    its tuned schedule, the others the default one. ``inputs``: how many of ``train_step``'s
+    leading parameters change between calls (the batch); the rest, its state, stays resident,
+    which is what a profile's ``cuda_graph`` needs to know."""
     check_toolchain(profile)
     target = tvm_target(profile)
     toolchain, kernels, cuda = profile.toolchain, Counter(), {}
+    config = {}
     if target.kind.name in GPU_KINDS:
         # The gemm kernels stay as they are, transposes folded in: the GPU rules schedule them.
         pipeline, options, backends = gpu_pipeline(target, kernels), {}, {}
+        if profile.cuda_graph:
+            mod, config = resident_state(mod, inputs), {"relax.backend.use_cuda_graph": True}
     else:
         # Matrix products on OpenBLAS where measured faster; only a device whose code runs on
         # this machine's CPU (runner local or docker) can be measured, elsewhere they stay
@@ -70,7 +77,10 @@ def build_step(mod: tvm.IRModule, profile, directory: Path, database=None) -> di
             "measured": False, "reason": f"runner {profile.runner}: the build cannot time "
                                          f"kernels on the device; every product generated"}
         (mod, kernels), pipeline = schedule_cpu(mod, target, database), "default"
-    executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    with tvm.transform.PassContext(config=config) if config else contextlib.nullcontext():
+        executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    launches = {k: kernels.pop(k) for k in ("launched", "in_cuda_graphs", "cuda_graphs")
+                if k in kernels}
     library = Path(directory) / LIBRARY[toolchain.output]
     if toolchain.output == "archive":
         options["fcompile"] = write_archive
@@ -90,4 +100,19 @@ def build_step(mod: tvm.IRModule, profile, directory: Path, database=None) -> di
         **({"kernel_schedules": dict(sorted(kernels.items()))} if kernels else {}),
         **({"backends": backends} if backends else {}),
         **({"cuda": cuda} if cuda else {}),
+        **({"kernel_launches": launches} if launches else {}),
+        **({"cuda_graph": True} if config else {}),
     }
+
+
+def resident_state(mod: tvm.IRModule, inputs: int | None) -> tvm.IRModule:
+    """``train_step`` marked with how many parameters are its batch (``num_input``): TVM's
+    RewriteCUDAGraph captures the kernels that read only the rest (the state, passed as the
+    same tensors every call) and the statically planned storage into CUDA graphs, replayed
+    from the second call on. The kernels that read the batch are launched as usual."""
+    if inputs is None:
+        raise ValueError("a CUDA-graph build needs the number of the step's batch inputs")
+    functions = dict(mod.functions_items())
+    step = mod.get_global_var("train_step")
+    functions[step] = functions[step].with_attr("num_input", inputs)
+    return tvm.IRModule(functions, attrs=mod.attrs)

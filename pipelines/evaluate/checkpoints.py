@@ -55,7 +55,7 @@ def restore(directory: Path, compiled, reference: torch.nn.Module, optimizer) ->
     import tvm
 
     for name, value in load_arrays(Path(directory) / COMPILED).items():
-        compiled.state[name] = tvm.runtime.tensor(np.asarray(value, order="C"), compiled.device)
+        compiled.set_state(name, tvm.runtime.tensor(np.asarray(value, order="C"), compiled.device))
     compiled.steps = progress["steps"]
     state = load_weights(Path(directory) / REFERENCE)
     torch.set_rng_state(state.pop("torch_rng_state"))

@@ -12,7 +12,7 @@ them (pipelines/gpu.py). A GPU host, like a device, carries no compiler and no p
                              make (LoRA adapters); the weights are made there, never shipped
     runtime/tvm/             TVM's Python package with its runtime libraries only (no
                              libtvm_compiler.so): ``TVM_USE_RUNTIME_LIB=1``
-    wheels/                  apache-tvm-ffi and pydantic for the GPU host's Python
+    wheels/                  apache-tvm-ffi, pydantic and peft for the GPU host's Python
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ EXTRA = "extra.safetensors"
 RUNTIME, WHEELS = "runtime", "wheels"
 # What TVM's package holds for compiling, not running: the compiler library, sources, headers.
 COMPILER_ONLY = ("3rdparty", "src", "include", "lib64", "libtvm_compiler.so", "__pycache__")
-# What the step's runner imports that a PyTorch image lacks.
+# What the step's runner and the PEFT peer import that a PyTorch image with transformers lacks.
 WHEEL_PACKAGES = ("apache-tvm-ffi", "pydantic", "pydantic-core", "annotated-types",
-                  "typing-inspection")
+                  "typing-inspection", "peft", "accelerate", "psutil")
 
 
 def parity_model(model, layers: int):

@@ -38,6 +38,8 @@ def load(metrics: Path, cases: dict, deploy: list, devices: list, packages: list
         "profile": {c: get("profile", c) for c in deploy},
         "curves": {c: (get("curves", f"{c}-loss"), get("curves", f"{c}-eval"))
                    for c in cases},
+        # `pock gpu bench` runs, committed per GPU (docs/gpu.md)
+        "gpu": {p.stem: read_json(p) for p in sorted((metrics / "gpu").glob("*.json"))},
     }
 
 
@@ -195,6 +197,44 @@ def device_table(found: dict) -> list[str]:
     return lines + [""]
 
 
+def _parity_cell(parity: dict) -> str:
+    if "error" in parity:
+        return f"failed: {parity['error']}"
+    verdict = "ok" if parity["matches"] else (
+        f"differs: tensors {parity['worst_diff_over_tolerance']:.3g}x tolerance")
+    layers = f", first {parity['layers']} layers" if parity.get("layers") else ""
+    return (f"{verdict} (losses {parity['loss_max_relative_error']:.1e} rel; "
+            f"{parity['trained']} trained{layers})")
+
+
+def gpu_tables(runs: dict) -> list[str]:
+    """Each GPU run: every case's parity on the GPU, its step beside the peers in the same
+    run (ratios: how many times faster the compiled step is), and the GPU memory held."""
+    lines = []
+    for stem, run in runs.items():
+        machine = run["machine"]
+        lines += [f"## On an NVIDIA GPU: {machine.get('gpu', machine['device'])} "
+                  f"(`artifacts/metrics/gpu/{stem}.json`, docs/gpu.md)", "",
+                  "| case | parity vs PyTorch on the GPU | compiled | "
+                  + " | ".join(PEERS.values()) + " | GPU memory vs eager full |",
+                  "|---|---|---|" + "---|" * len(PEERS) + "---|"]
+        for name, result in run.items():
+            if name == "machine":
+                continue
+            speed = result.get("speed", {})
+            if "compiled" not in speed:
+                cells = [f"failed: {speed.get('error', 'not run')}"] + [""] * len(PEERS) + [""]
+            else:
+                cells = [f"{speed['compiled']['median_ms']:.2f} ms"]
+                cells += [f"{speed[p]['median_ms']:.2f} ms ({_x(speed.get(f'speedup_vs_{p}'))})"
+                          if p in speed else "" for p in PEERS]
+                cells.append(_x(speed.get("memory_vs_torch_eager_full")))
+            lines.append(f"| {name} | {_parity_cell(result.get('parity', {'error': 'not run'}))}"
+                         f" | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
 def render(found: dict, cases: dict, deploy: list) -> str:
     by_model: dict[str, list[str]] = {}
     for name, case in cases.items():
@@ -217,4 +257,4 @@ def render(found: dict, cases: dict, deploy: list) -> str:
     for name, report in found["prune"].items():
         if report and report.get("search"):
             lines += search_table(name, report["search"])
-    return "\n".join(lines + device_table(found))
+    return "\n".join(lines + device_table(found) + gpu_tables(found.get("gpu", {})))

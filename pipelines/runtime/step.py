@@ -70,6 +70,9 @@ class CompiledStep:
         self.updates = [name.removeprefix("new_") for name in self.signature["outputs"][1:]]
         # a step built with optimize.update_in_place writes its new state over ``state``
         self.in_place = bool(self.signature.get("updated_in_place"))
+        # a step replaying CUDA graphs reads its state from the tensors it captured: the state
+        # stays in them (a new value is copied in, never rebound)
+        self.resident = bool(read_json(build_dir / BUILT).get("cuda_graph"))
         self.steps = 0  # taken by ``step``
 
     def arguments(self, *data: np.ndarray) -> list:
@@ -93,9 +96,16 @@ class CompiledStep:
                          for name, value in zip(self.updates, outputs[1:])}}, where,
                      self.in_place)
         for name, value in zip(self.updates, outputs[1:]):
-            self.state[name] = value
+            self.set_state(name, value)
         self.steps += 1
         return float(outputs[0].numpy())
+
+    def set_state(self, name: str, value) -> None:
+        """State entry ``name`` takes ``value`` (a tensor on the step's device)."""
+        if not self.resident:
+            self.state[name] = value
+        elif not self.state[name].same_as(value):
+            self.state[name].copyfrom(value)
 
     def _on_host(self, value) -> np.ndarray:
         """A state tensor as numpy: a view of it on the CPU, a copy from the GPU."""
@@ -105,7 +115,7 @@ class CompiledStep:
         """The learning rate of the next steps (a schedule's: the step takes it as state)."""
         for name, info in self.optimizer_state.items():
             if info["slot"] == "lr":
-                self.state[name] = tvm.runtime.tensor(np.array(lr, "float32"), self.device)
+                self.set_state(name, tvm.runtime.tensor(np.array(lr, "float32"), self.device))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers under their names in the source (for ``load_state_dict``)."""
