@@ -8,7 +8,8 @@
   steps (losses 1e-4 relative, every tensor rtol 1e-4, frozen weights bit-identical, the same
   set trained), and is timed beside its peers, with the metrics a GPU run writes;
 - the nvidia_hopper profile builds a causal LM's step with nvcc for sm_90, the embedding's
-  gradient (take_backward) by its own GPU kernel (pipelines/kernels/take_backward_gpu.py), and
+  gradient (take_backward) and the fused cross-entropy by their own GPU kernels
+  (pipelines/kernels/take_backward_gpu.py, softmax_nll_gpu.py), and
   the kernels that read only the step's state captured into CUDA graphs.
 
 Without a GPU here the CUDA step is built, not run: docs/gpu.md says how to run it on one.
@@ -91,6 +92,7 @@ def test_hopper_build_compiles_a_causal_lm_with_nvcc(tmp_path):
                     tmp_path).built
     assert built["cuda"]["arch"] == "sm_90" and built["cuda"]["fatbin_bytes"] > 0
     assert built["kernel_schedules"]["take_backward_gpu"] == 1
+    assert built["kernel_schedules"]["softmax_nll_loss_gpu"] == 1  # not one thread (Fallback)
     # the kernels that read only the resident state replay as CUDA graphs: only those that
     # read the batch (the embedding, the loss) launch one by one
     launches = built["kernel_launches"]

@@ -14,10 +14,12 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 
+from pipelines.kernels.softmax_nll_gpu import is_softmax_nll_loss, softmax_nll_loss_gpu
 from pipelines.kernels.take_backward_gpu import is_take_backward, take_backward_gpu
 
 GPU_KINDS = {"cuda", "opencl"}
 CAPTURED = "cuda_graph_capture"  # RewriteCUDAGraph's name for a region it lifts
+RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
 
 
 def _rules():
@@ -40,6 +42,10 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> Counter:
             mod[gvar] = take_backward_gpu(func)
             taken["take_backward_gpu"] += 1
             continue
+        if is_softmax_nll_loss(func):  # Fallback would run it on one thread
+            mod[gvar] = softmax_nll_loss_gpu(func)
+            taken["softmax_nll_loss_gpu"] += 1
+            continue
         for rule in _rules():
             try:
                 space = rule.apply(func, target, False)
@@ -54,6 +60,37 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> Counter:
         else:
             raise RuntimeError(f"no GPU schedule rule binds kernel {gvar.name_hint}")
     return taken
+
+
+@tvm.transform.module_pass(opt_level=0, name="GraphCallsReturnAnObject")
+def graph_calls_return(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """A captured region whose kernels only write state in place returns nothing, and the VM
+    (TVM 0.27) then writes the region's return into the void register of the call that ran
+    it, failing its register check on the GPU. Each such call is declared to return an object
+    (the region's empty tuple), so the VM gives it a register."""
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function) and CAPTURED not in gvar.name_hint:
+            mod[gvar] = _returning_graph_calls(func)
+    return mod
+
+
+def _returning_graph_calls(func: relax.Function) -> relax.Function:
+    blocks = []
+    for block in func.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            call = binding.value
+            if (isinstance(binding, relax.VarBinding) and isinstance(call, relax.Call)
+                    and call.args and isinstance(call.args[0], relax.ExternFunc)
+                    and call.args[0].global_symbol == RUN_OR_CAPTURE
+                    and isinstance(call.ty, relax.TupleType) and not call.ty.fields):
+                call = relax.Call(call.op, call.args, call.attrs, [relax.ObjectType()])
+                binding = relax.VarBinding(relax.Var(binding.var.name, relax.ObjectType()),
+                                           call)
+            bindings.append(binding)
+        blocks.append(relax.BindingBlock(bindings))
+    body = relax.SeqExpr(blocks, func.body.body)
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
 
 
 def kernel_launches(mod: tvm.IRModule) -> Counter:
@@ -90,9 +127,12 @@ def gpu_pipeline(target: tvm.target.Target, taken: Counter):
             # RewriteCUDAGraph only acts on CUDA targets; the rest is target-neutral.
             # An in-place update leaves ``new = old`` behind; TVM's CUDA-graph rewrite lifts
             # such a binding into a graph without returning it: the aliases go first.
+            finalize = cuda.finalize_passes(target)
+            at = [p.info.name for p in finalize].index("RewriteCUDAGraph") + 1
             mod = tvm.transform.Sequential(cuda.dataflow_lower_passes(target)
                                            + [relax.transform.CanonicalizeBindings()]
-                                           + cuda.finalize_passes(target))(mod)
+                                           + finalize[:at] + [graph_calls_return]
+                                           + finalize[at:])(mod)
         taken.update(kernel_launches(mod))
         return mod
 

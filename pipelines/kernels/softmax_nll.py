@@ -19,6 +19,7 @@ from tvm import s_tir, te, tirx
 from pipelines.ir import OPAQUE
 
 LOSS_KERNEL = "pockengine_softmax_nll_loss"  # PrimFunc attribute: the reduction, mean or sum
+IGNORE_ATTR = "pockengine_ignore_index"  # PrimFunc attribute: the label that scores nothing
 LANES = 16  # partial results per row (below): a CPU's float32 vector, in two AVX2 registers
 
 
@@ -82,7 +83,8 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
     loss = (te.compute((), lambda: total[()] / count[()], name="loss") if reduction == "mean"
             else total)
     func = te.create_prim_func([z, y, g, gradient, loss]).without_attr("global_symbol")
-    return func.with_attrs({LOSS_KERNEL: reduction, "op_pattern": OPAQUE})
+    return func.with_attrs({LOSS_KERNEL: reduction, IGNORE_ATTR: ignore_index,
+                            "op_pattern": OPAQUE})
 
 
 def schedule_softmax_nll_loss(sch: s_tir.Schedule, vector: int) -> None:
