@@ -123,7 +123,7 @@ def build_bundle(out: Path, overrides: list[str], profile_name: str = "nvidia_ho
     from pipelines.profiles import load_profile
 
     params = validate(yaml.safe_load(compose_text(["experiment=gpu", *overrides])))
-    profile = load_profile(profile_name, params.profiles.get(profile_name))
+    profile = load_profile(profile_name, params.profiles)
     lowered, cases = {}, {}
     with atomic_dir(out) as bundle:
         for name, spec in params.cases.items():

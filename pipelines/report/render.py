@@ -225,7 +225,11 @@ def gpu_tables(runs: dict) -> list[str]:
             if "compiled" not in speed:
                 cells = [f"failed: {speed.get('error', 'not run')}"] + [""] * len(PEERS) + [""]
             else:
-                cells = [f"{speed['compiled']['median_ms']:.2f} ms"]
+                compiled = speed["compiled"]
+                rate = (f", {compiled['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in compiled
+                        else f", {compiled['examples_per_s']:,.0f} examples/s"
+                        if "examples_per_s" in compiled else "")
+                cells = [f"{compiled['median_ms']:.2f} ms{rate}"]
                 cells += [f"{speed[p]['median_ms']:.2f} ms ({_x(speed.get(f'speedup_vs_{p}'))})"
                           if p in speed else "" for p in PEERS]
                 cells.append(_x(speed.get("memory_vs_torch_eager_full")))
