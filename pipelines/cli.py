@@ -260,8 +260,13 @@ def cmd_gpu_bench(args) -> int:
     from pipelines.gpu import bench
     from pipelines.io import write_json_atomic
 
+    from pipelines.peers import PEERS
+
+    unknown = sorted(set(args.peers or []) - set(PEERS))
+    if unknown:
+        raise ConfigError(f"--peers: no peer {unknown}; allowed: {sorted(PEERS)}")
     timing = {k: getattr(args, k) for k in ("warmup", "steps", "rounds", "min_seconds", "cores",
-                                            "case_seconds")}
+                                            "case_seconds", "peers")}
     bench(args.bundle, timing, args.case, lambda results: write_json_atomic(args.out, results))
     print(f"wrote {args.out}")
     return EXIT_OK
@@ -297,6 +302,9 @@ def _gpu_parser(sub) -> None:
     q.add_argument("--rounds", type=int, default=2)
     q.add_argument("--min-seconds", type=float, default=1.0)
     q.add_argument("--cores", type=int, default=4, help="CPU threads of each case's process")
+    q.add_argument("--peers", type=lambda text: text.split(","), metavar="PEER,...",
+                   help="time these peers (pipelines/peers) beside every case instead of each "
+                        "case's own (a peer that cannot do a case says why)")
     q.add_argument("--case-seconds", type=float, default=600.0,
                    help="a case still running after this long is stopped and recorded")
     q.set_defaults(func=cmd_gpu_bench)

@@ -101,7 +101,7 @@ def _speed(bundle: Path, case: dict, timing: dict, device: str, scratch: Path) -
     spec = Spec(cores=timing["cores"], warmup=timing["warmup"], steps=timing["steps"],
                 batch=batch, build=build, initial=initial, model=model, optimizer=optimizer,
                 rounds=timing["rounds"], min_seconds=timing["min_seconds"], device=device)
-    speed = measure(spec, peers_of(case, signature), case["report"])
+    speed = measure(spec, timing.get("peers") or peers_of(case, signature), case["report"])
     return {**speed, "planned_peak_bytes": read_json(build / "plan.json")["planned_peak_bytes"]}
 
 

@@ -6,7 +6,7 @@ from pipelines import cli
 
 COMMANDS = [["compose"], ["status"], ["scheme", "show"], ["scheme", "search"], ["build"],
             ["bench"], ["report"], ["regress"], ["setup"], ["emulation", "setup"], ["pretuned"],
-            ["device", "show"]]
+            ["device", "show"], ["gpu", "bundle"], ["gpu", "bench"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
@@ -35,6 +35,14 @@ def configured(monkeypatch, params):
 def test_unknown_device_lists_the_profiles(configured, capsys):
     assert cli.main(["build", "mbv2", "rpi9"]) == cli.EXIT_INPUT
     assert "'rpi9' has no profile; allowed: ['android_sd8g2'" in capsys.readouterr().err
+
+
+def test_gpu_bench_refuses_an_unknown_peer_before_reading_the_bundle(tmp_path, capsys):
+    code = cli.main(["gpu", "bench", str(tmp_path / "no-bundle"), str(tmp_path / "out.json"),
+                     "--peers", "torch_eager_full,tflite"])
+    assert code == cli.EXIT_INPUT
+    assert "--peers: no peer ['tflite']; allowed: ['ort_training_frozen'" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_unknown_case_lists_the_cases(configured, capsys):

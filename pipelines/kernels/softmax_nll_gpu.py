@@ -71,7 +71,7 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
                         acc[0] = T.max(acc[0], z[i, s * THREADS + t])
                 part[t] = acc[0]
                 T.tvm_storage_sync("shared")
-                if t == 0:  # in order: the same sum every run
+                if t == 0:
                     acc[0] = T.float32(neg_inf)
                     for u in T.serial(THREADS):
                         acc[0] = T.max(acc[0], part[u])
