@@ -161,6 +161,24 @@ def _compose(*args, cwd=ROOT):
                           capture_output=True, text=True)
 
 
+def test_a_resident_state_takes_its_new_values_in_the_same_tensors(built):
+    """A step replaying CUDA graphs (build.json ``cuda_graph``) reads the state from the tensors
+    it captured, so CompiledStep copies each new value into them. The host build that returns
+    fresh storage, held resident: the same losses and state as rebinding, in the same tensors."""
+    directory, initial = built
+    rebinding, resident = CompiledStep(directory, initial), CompiledStep(directory, initial)
+    resident.resident = True
+    tensors, before = dict(resident.state), dict(rebinding.state)
+    for lr in (0.1, 0.1, 0.05):
+        rebinding.set_lr(lr)
+        resident.set_lr(lr)
+        assert rebinding.step(*batch()) == resident.step(*batch())
+    assert not any(rebinding.state[name].same_as(tensor) for name, tensor in before.items())
+    assert all(resident.state[name].same_as(tensor) for name, tensor in tensors.items())
+    for name, value in state_of(rebinding).items():
+        np.testing.assert_array_equal(resident.state[name].numpy(), value)
+
+
 def test_a_malformed_conf_file_is_named_with_exit_2(tmp_path):
     from pipelines.io import sha256_file
 
