@@ -37,6 +37,19 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
     row_strides = (rows + THREADS - 1) // THREADS
     neg_inf = float("-inf")
 
+    @T.macro
+    def combined(part, acc, stat, t, into, sum_not_max):
+        # each thread's partial result ``acc`` in shared memory ``part``, then the first thread
+        # combines them in thread order (the same result every run) into ``stat[into]``
+        part[t] = acc[0]
+        T.tvm_storage_sync("shared")
+        if t == 0:
+            acc[0] = T.if_then_else(sum_not_max, T.float32(0), T.float32(neg_inf))
+            for u in T.serial(THREADS):
+                acc[0] = T.if_then_else(sum_not_max, acc[0] + part[u], T.max(acc[0], part[u]))
+            stat[into] = acc[0]
+        T.tvm_storage_sync("shared")
+
     @T.prim_func(private=True, s_tir=True)
     def softmax_nll_loss(z: T.Buffer((rows, classes), "float32"),
                          y: T.Buffer((rows,), "int64"), g: T.Buffer((), "float32"),
@@ -56,40 +69,19 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
                         if (y[s * THREADS + t] != ignore_index and y[s * THREADS + t] >= 0
                                 and y[s * THREADS + t] < classes):
                             acc[0] = acc[0] + T.float32(1)
-                part[t] = acc[0]
-                T.tvm_storage_sync("shared")
-                if t == 0:  # in order: the same sum every run
-                    acc[0] = T.float32(0)
-                    for u in T.serial(THREADS):
-                        acc[0] = acc[0] + part[u]
-                    stat[2] = acc[0]
-                T.tvm_storage_sync("shared")
+                combined(part, acc, stat, t, 2, True)
                 # the row's max
                 acc[0] = T.float32(neg_inf)
                 for s in T.serial(strides):
                     if s * THREADS + t < classes:
                         acc[0] = T.max(acc[0], z[i, s * THREADS + t])
-                part[t] = acc[0]
-                T.tvm_storage_sync("shared")
-                if t == 0:
-                    acc[0] = T.float32(neg_inf)
-                    for u in T.serial(THREADS):
-                        acc[0] = T.max(acc[0], part[u])
-                    stat[0] = acc[0]
-                T.tvm_storage_sync("shared")
+                combined(part, acc, stat, t, 0, False)
                 # the row's sum of exponentials
                 acc[0] = T.float32(0)
                 for s in T.serial(strides):
                     if s * THREADS + t < classes:
                         acc[0] = acc[0] + T.exp(z[i, s * THREADS + t] - stat[0])
-                part[t] = acc[0]
-                T.tvm_storage_sync("shared")
-                if t == 0:  # in order: the same sum every run
-                    acc[0] = T.float32(0)
-                    for u in T.serial(THREADS):
-                        acc[0] = acc[0] + part[u]
-                    stat[1] = acc[0]
-                T.tvm_storage_sync("shared")
+                combined(part, acc, stat, t, 1, True)
                 # its gradient: (softmax - onehot(label)) * scale, 0 for a row that does not score
                 kept: T.let[T.bool] = (y[i] != ignore_index and y[i] >= 0 and y[i] < classes)
                 scale: T.let[T.float32] = T.if_then_else(mean, g[()] / stat[2], g[()])
