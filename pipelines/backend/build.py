@@ -60,11 +60,11 @@ def build_step(mod: tvm.IRModule, profile, directory: Path, database=None,
     which is what a profile's ``cuda_graph`` needs to know."""
     check_toolchain(profile)
     target = tvm_target(profile)
-    toolchain, kernels, cuda = profile.toolchain, Counter(), {}
+    toolchain, kernels, launches, cuda = profile.toolchain, Counter(), Counter(), {}
     config = {}
     if target.kind.name in GPU_KINDS:
         # The gemm kernels stay as they are, transposes folded in: the GPU rules schedule them.
-        pipeline, options, backends = gpu_pipeline(target, kernels), {}, {}
+        pipeline, options, backends = gpu_pipeline(target, kernels, launches), {}, {}
         if profile.cuda_graph:
             mod, config = resident_state(mod, inputs), {"relax.backend.use_cuda_graph": True}
     else:
@@ -79,8 +79,6 @@ def build_step(mod: tvm.IRModule, profile, directory: Path, database=None,
         (mod, kernels), pipeline = schedule_cpu(mod, target, database), "default"
     with tvm.transform.PassContext(config=config) if config else contextlib.nullcontext():
         executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
-    launches = {k: kernels.pop(k) for k in ("launched", "in_cuda_graphs", "cuda_graphs")
-                if k in kernels}
     library = Path(directory) / LIBRARY[toolchain.output]
     if toolchain.output == "archive":
         options["fcompile"] = write_archive
@@ -100,7 +98,7 @@ def build_step(mod: tvm.IRModule, profile, directory: Path, database=None,
         **({"kernel_schedules": dict(sorted(kernels.items()))} if kernels else {}),
         **({"backends": backends} if backends else {}),
         **({"cuda": cuda} if cuda else {}),
-        **({"kernel_launches": launches} if launches else {}),
+        **({"kernel_launches": dict(sorted(launches.items()))} if launches else {}),
         **({"cuda_graph": True} if config else {}),
     }
 

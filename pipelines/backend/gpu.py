@@ -22,6 +22,12 @@ CAPTURED = "cuda_graph_capture"  # RewriteCUDAGraph's name for a region it lifts
 RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
 
 
+# Kernels written for the GPU, each where no rule schedules it well: take_backward is a
+# sequential loop no rule binds; Fallback would run the fused loss on one thread.
+WRITTEN_FOR_GPU = ((is_take_backward, take_backward_gpu),
+                   (is_softmax_nll_loss, softmax_nll_loss_gpu))
+
+
 def _rules():
     return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
             dl.gpu.Fallback()]
@@ -38,13 +44,10 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> Counter:
     for gvar, func in list(mod.functions_items()):
         if not isinstance(func, tirx.PrimFunc) or _scheduled(func):
             continue
-        if is_take_backward(func):  # a sequential loop no rule binds: written for the GPU
-            mod[gvar] = take_backward_gpu(func)
-            taken["take_backward_gpu"] += 1
-            continue
-        if is_softmax_nll_loss(func):  # Fallback would run it on one thread
-            mod[gvar] = softmax_nll_loss_gpu(func)
-            taken["softmax_nll_loss_gpu"] += 1
+        written = next((kernel for is_it, kernel in WRITTEN_FOR_GPU if is_it(func)), None)
+        if written is not None:
+            mod[gvar] = written(func)
+            taken[written.__name__] += 1
             continue
         for rule in _rules():
             try:
@@ -111,8 +114,9 @@ def kernel_launches(mod: tvm.IRModule) -> Counter:
     return counts
 
 
-def gpu_pipeline(target: tvm.target.Target, taken: Counter):
-    """TVM's pipeline for ``target`` with the kernels scheduled by ``schedule_kernels``."""
+def gpu_pipeline(target: tvm.target.Target, taken: Counter, launches: Counter):
+    """TVM's pipeline for ``target`` with the kernels scheduled by ``schedule_kernels``; what
+    each rule took goes into ``taken``, the step's ``kernel_launches`` into ``launches``."""
     from tvm.relax.backend.cuda import pipeline as cuda
 
     @tvm.transform.module_pass(opt_level=0)
@@ -133,7 +137,7 @@ def gpu_pipeline(target: tvm.target.Target, taken: Counter):
                                            + [relax.transform.CanonicalizeBindings()]
                                            + finalize[:at] + [graph_calls_return]
                                            + finalize[at:])(mod)
-        taken.update(kernel_launches(mod))
+        launches.update(kernel_launches(mod))
         return mod
 
     return _pipeline
