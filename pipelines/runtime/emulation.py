@@ -55,15 +55,15 @@ def debian_command(arch: str, output: Path) -> list[str]:
             "bookworm", str(output)]
 
 
-def install_wheels(arch: str, target: Path) -> None:
-    """The device's wheels of TVM and numpy (versions installed here) into ``target``; not
-    byte-compiled, so the same wheels give the same files."""
+def install_wheels(arch: str, target: Path, wheels: list[str] = WHEELS) -> None:
+    """The device's ``wheels`` (TVM and numpy; the versions installed here) into ``target``;
+    not byte-compiled, so the same wheels give the same files."""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                     "--no-compile", "--target", str(target), "--only-binary=:all:",
                     "--implementation", "cp", "--python-version", python,
                     *[f"--platform={p}" for p in ARCHITECTURES[arch][1]],
-                    *[f"{w}=={version(w)}" for w in WHEELS]], check=True)
+                    *[f"{w}=={version(w)}" for w in wheels]], check=True)
 
 
 def setup_root(profile, root: Path) -> Path:

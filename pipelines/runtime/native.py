@@ -1,0 +1,130 @@
+"""The native runner (native/runner.cc): a C++ program linked against TVM's runtime library only
+that fine-tunes with a built step, no Python on the device. Built per device with the profile's
+toolchain (the host's g++, or Debian's cross compiler), beside the runtime libraries of the
+device's architecture (from the apache-tvm and apache-tvm-ffi wheels of the versions installed
+here); a foreign one runs under qemu in the emulated device's root.
+
+What it runs is a step directory (``step_directory``): the build's step.so and the libraries
+beside it, runner.json (the step's data inputs, state, updates and the source's names) and
+state.safetensors (the start: weights, and the optimizer state at zero). Data goes in as
+train.safetensors, one tensor per data input of the step; weights come out as safetensors.
+CompiledStep (step.py) stays the runner of development and tests; both give the same weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from pipelines.io import write_json_atomic
+from pipelines.runtime.device_io import libraries_beside
+from pipelines.runtime.emulation import device_architecture, emulation_root, install_wheels
+from pipelines.runtime.step import initial_state
+from pipelines.schema import ConfigError
+
+SOURCE = Path(__file__).with_name("native") / "runner.cc"
+CACHE = Path(os.environ.get("POCKENGINE_CACHE", "~/.cache/pockengine")).expanduser()
+RUNTIME = ["libtvm_runtime.so", "libtvm_ffi.so"]  # all the runner and a CPU step need of TVM
+EXIT_CODES = {2: "bad input", 3: "a step's loss or new state is not finite"}
+
+
+def manifest(signature: dict) -> dict:
+    """runner.json: what the runner needs of the step's signature."""
+    data = [{"name": n, **signature["data_types"][n]} for n in signature["data"]]
+    labels = signature.get("labels") or {}
+    return {"data": data,
+            "labels": ({"name": "labels", **labels}
+                       if labels.get("classes") and "labels" in signature["data"] else None),
+            "state": signature["inputs"][len(signature["data"]):],
+            "updates": [n.removeprefix("new_") for n in signature["outputs"][1:]],
+            "weights": signature["source_names"]}
+
+
+def step_directory(build_dir: Path, initial: dict[str, np.ndarray], out: Path) -> Path:
+    """``out`` as the runner's step directory for the build in ``build_dir`` starting from
+    ``initial`` (parameters and buffers by the step's names)."""
+    signature = json.loads((Path(build_dir) / "signature.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    for library in [Path(build_dir) / "step.so", *libraries_beside(Path(build_dir) / "step.so")]:
+        shutil.copyfile(library, out / library.name)
+    write_json_atomic(out / "runner.json", manifest(signature))
+    save_file(initial_state(signature, initial), str(out / "state.safetensors"))
+    return out
+
+
+def save_data(path: Path, signature: dict, arrays: tuple[np.ndarray, ...]) -> None:
+    """train.safetensors at ``path``: the step's data inputs, examples on the first axis."""
+    save_file({name: np.ascontiguousarray(a, signature["data_types"][name]["dtype"])
+               for name, a in zip(signature["data"], arrays)}, str(path))
+
+
+def runtime_libraries(arch: str) -> list[Path]:
+    """libtvm_runtime.so and libtvm_ffi.so for ``arch``: the installed ones for this machine's,
+    else from the device's wheels (cached under ~/.cache/pockengine)."""
+    if arch == os.uname().machine:
+        import tvm
+        import tvm_ffi
+
+        roots = [Path(tvm.__file__).parent, Path(tvm_ffi.__file__).parent]
+    else:
+        wheels = {w: version(w) for w in ("apache-tvm", "apache-tvm-ffi")}
+        key = hashlib.sha256(json.dumps([arch, wheels]).encode()).hexdigest()[:16]
+        site = CACHE / f"runtime-{arch}-{key}"
+        if not site.exists():
+            with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+                install_wheels(arch, Path(tmp) / "site", list(wheels))
+                os.replace(Path(tmp) / "site", site)
+        roots = [site / "tvm", site / "tvm_ffi"]
+    found = {p.name: p for root in roots for p in (root / "lib").glob("*.so") if p.name in RUNTIME}
+    if set(found) != set(RUNTIME):
+        raise RuntimeError(f"TVM's runtime libraries for {arch}: found {sorted(found)} of {RUNTIME}")
+    return [found[name] for name in RUNTIME]
+
+
+def build_runner(profile, out: Path) -> Path:
+    """The runner for ``profile``'s CPU in ``out`` (``out/runner``), with TVM's runtime
+    libraries beside it (found there through its rpath, $ORIGIN). Reproducible: the same source,
+    compiler and libraries give the same bytes."""
+    import tvm_ffi
+
+    arch = device_architecture(profile, "the native runner")
+    cc = profile.toolchain.cc if arch != os.uname().machine else None
+    compiler = cc or "g++"
+    if shutil.which(compiler) is None:
+        raise ConfigError(f"{profile.source}: toolchain.cc {compiler!r} is not on PATH; "
+                          f"install the Debian package {profile.toolchain.package or 'g++'} "
+                          "(`pock setup` does)")
+    out.mkdir(parents=True, exist_ok=True)
+    libraries = runtime_libraries(arch)
+    for library in libraries:
+        shutil.copyfile(library, out / library.name)
+    include = Path(tvm_ffi.__file__).parent / "include"
+    subprocess.run([compiler, "-std=c++17", "-O2", "-o", str(out / "runner"), str(SOURCE),
+                    f"-I{include}", f"-L{out}", "-Wl,--no-as-needed", "-ltvm_runtime",
+                    "-ltvm_ffi", "-Wl,-rpath,$ORIGIN", "-Wl,--build-id=none",
+                    f"-ffile-prefix-map={SOURCE.parent}=."], check=True)
+    return out / "runner"
+
+
+def run_native(runner: Path, step_dir: Path, data_dir: Path, out_dir: Path, profile=None,
+               args: tuple[str, ...] = (), timeout_s: float = 900) -> dict:
+    """Run ``runner`` on a step directory and a data directory, writing into ``out_dir``; its
+    log. A foreign architecture's runner runs under the profile's qemu in its emulated root.
+    A run that fails raises RuntimeError with its exit code's meaning and its message."""
+    command = [str(runner), str(step_dir), "--data", str(data_dir), "--out", str(out_dir), *args]
+    env = dict(os.environ, TVM_NUM_THREADS=str(profile.cores if profile else os.cpu_count()))
+    if profile is not None and device_architecture(profile, "the native runner") != os.uname().machine:
+        command = [profile.emulation.qemu, "-L", str(emulation_root(profile)), *command]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"{runner} exited with {done.returncode} "
+                           f"({EXIT_CODES.get(done.returncode, 'failed')}): {done.stderr[-2000:]}")
+    return json.loads((out_dir / "log.json").read_text())
