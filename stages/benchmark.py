@@ -10,7 +10,8 @@ match the host build's is recorded, and the stage fails.
 import sys
 
 from pipelines.runtime.step import synthetic_batch
-from pipelines.evaluate.device import CHANGE_RTOL, RTOL, run_on_device, summary
+from pipelines.evaluate.device import run_on_device, summary
+from pipelines.runtime.agreement import CHANGE_RTOL, RTOL
 from pipelines.io import write_json_atomic
 from pipelines.layout import case_dir, device_dir, metrics_path
 from pipelines.phases import Build, Reference, TrainingStep

@@ -1,10 +1,12 @@
 """package@<case>-<device>: a Docker image that fine-tunes the case's model on the device: its
-build, starting weights and an entrypoint on TVM's runtime (pipelines/runtime/package.py),
-tried within the device's cores and memory on ``package.trial_steps`` seeded batches.
+build, starting weights and the native runner on TVM's runtime library, no Python
+(pipelines/runtime/package.py), tried within the device's cores and memory (or under qemu) on
+``package.trial_steps`` seeded batches, beside the Python runner on the same batches.
 
-Output: artifacts/cases/<case>/<device>/package/ (app.tar, the application layer; image.json,
-the image's ID, tag, layers and how to run it); artifacts/metrics/package/<case>-<device>.json
-(the trial's verdict, time per step, peak memory).
+Output: artifacts/cases/<case>/<device>/package/ (runner/, the native runner and TVM's runtime
+libraries; app.tar, the application layer; image.json, the image's ID, tag, layers and how to
+run it); artifacts/metrics/package/<case>-<device>.json (the trial's verdict, and for both
+runners time per step, peak memory and image size).
 """
 import sys
 
@@ -21,7 +23,7 @@ def main(name: str, device: str) -> None:
     inputs = case_inputs(name, "package")
     with atomic_dir(device_dir(name, device, "package")) as tmp:
         metrics = package(name, device, resolved_profile(device),
-                          device_dir(name, device, "build"),
+                          device_dir(name, device, "build"), device_dir(name, "host", "build"),
                           TrainingStep.load_initial(case_dir(name, "autodiff")),
                           inputs.trial_steps, inputs.seed, tmp)
     write_json_atomic(metrics_path("package", f"{name}-{device}"), metrics)

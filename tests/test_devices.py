@@ -398,10 +398,10 @@ def test_rpc_without_a_tracker_fails_at_once(tmp_path):
 
 
 def test_a_device_step_matches_elementwise_or_by_its_change():
-    """The device check (pipelines/evaluate/device.compare): a gradient element flipped at a
+    """The device check (pipelines/runtime/agreement.compare): a gradient element flipped at a
     ReLU6 edge moves one update a few percent of its change: it matches; an update off by its
     whole change, or a different loss, does not."""
-    from pipelines.evaluate.device import compare
+    from pipelines.runtime.agreement import compare
 
     rng = np.random.default_rng(0)
     before = rng.standard_normal(200).astype("float32")

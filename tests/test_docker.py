@@ -1,23 +1,27 @@
-"""Docker: the runner that limits a device's cores and memory (pipelines/runtime/remote.py,
-images.py), and the packaged images (pipelines/runtime/package.py, with the entrypoint
-pipelines/runtime/package_entrypoint.py).
+"""Docker: the runner that limits a device's cores and memory (pipelines/runtime/runners/docker.py,
+images.py); the native runner (pipelines/runtime/native.py, native_runner.cc) and the packaged
+images that ship it (pipelines/runtime/package.py).
 
 - the mbv2 step (the paper's scheme) built for the edge_x86 profile runs in a container of the
   runtime image and gives the local run's loss (rel 1e-6) and updated weights (rtol 1e-5, atol
   1e-6);
 - a profile with too little memory is killed for memory, which the runner reports as such and
   the benchmark stage (pipelines/evaluate/device.py) records as a verdict;
-- the packaged image fine-tunes on a tiny mounted data directory; its losses equal the local
-  compiled step's on the same batches (rel 1e-6) and its weights load into the PyTorch model and
-  equal the local step's after them (rtol 1e-6, atol 1e-7); the package stage's trial runs it
-  within the device's limits (ok, or out of memory; an image of another architecture is not
-  run);
-- layers and image IDs are reproducible; a missing engine and unpackageable devices are named.
+- the native runner and the Python runner give the same batches, losses and weights, bit for
+  bit; the native runner names bad data (exit 2) and stops at a non-finite loss (exit 3);
+- the packaged image (no Python in it) fine-tunes on a tiny mounted data directory; its losses
+  equal the local compiled step's on the same batches (rel 1e-6) and its weights load into the
+  PyTorch model and equal the local step's after them (rtol 1e-6, atol 1e-7); the package
+  stage's trial runs it within the device's limits beside the Python runner (in 6 MB; an
+  image of a CPU neither run nor emulated here is not run);
+- layers, runner and image IDs are reproducible; a missing engine and unpackageable devices are
+  named.
 The tests that need an engine are slow and skip, with the reason, only where none answers
 (`pock setup` starts one); those that make the runtime layers need mmdebstrap.
 """
+import io
 import json
-import shutil
+import tarfile
 
 import numpy as np
 import pytest
@@ -109,10 +113,10 @@ def test_too_little_memory_is_reported_as_out_of_memory(client, host_step, edge_
 
 
 def _about(signature: dict) -> dict:
-    from pipelines.runtime.package import step_inputs
+    from pipelines.runtime.package import data_inputs
 
     return {"case": CASE, "scheme": "mbv2_paper", "device": "host", "batch_size": 8,
-            "inputs": step_inputs(signature, "test")}
+            "data": data_inputs(signature)}
 
 
 @pytest.fixture(scope="module")
@@ -126,19 +130,28 @@ def package(client, host_step, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_package_is_content_addressed(package, host_step, tmp_path):
+def test_package_is_content_addressed_and_holds_no_python(client, package, host_step, tmp_path):
     from pipelines.runtime.package import make_package
 
     image, out = package
     about = _about(host_step.signature)
-    assert about["inputs"] == {"x": {"shape": [8, 3, 32, 32], "dtype": "float32"},
-                               "y": {"shape": [8], "dtype": "int64"}}
+    assert about["data"] == {"x": {"shape": ["N", 3, 32, 32], "dtype": "float32"},
+                             "labels": {"shape": ["N"], "dtype": "int64"}}
     again = make_package("host", load_profile("host", {}), host_step.directory,
                          host_step.initial, about, tmp_path)
     assert again["id"] == image["id"]  # same inputs, same image
     assert (tmp_path / "app.tar").read_bytes() == (out / "app.tar").read_bytes()
+    assert (tmp_path / "runner/runner").read_bytes() == (out / "runner/runner").read_bytes()
     assert image["tag"] == f"pockengine/{CASE}-host:{image['id'][7:19]}"
     assert json.loads((out / "image.json").read_text())["image"]["id"] == image["id"]
+    files = client.containers.create(image["id"])
+    try:  # the image's files: Debian's C++ runtime, the runner, the step
+        listing = {m.name for m in tarfile.open(fileobj=io.BytesIO(
+            b"".join(files.export())), mode="r")}
+    finally:
+        files.remove()
+    assert "app/runner" in listing and "app/step.so" in listing
+    assert not [n for n in listing if "python" in n or n.endswith(".py")]
 
 
 def _run(client, image: str, args: list, data, out) -> tuple[int, str]:
@@ -151,28 +164,37 @@ def _run(client, image: str, args: list, data, out) -> tuple[int, str]:
         container.remove(force=True)
 
 
+def _save(path, x, y):
+    from safetensors.numpy import save_file
+
+    save_file({"x": x, "labels": y}, str(path))
+
+
 @pytest.mark.slow
 def test_packaged_image_fine_tunes_and_its_weights_load_into_pytorch(client, package, params,
                                                                      host_step, tmp_path):
+    from safetensors.torch import load_file
+
     from pipelines.frontends import load_module
+    from pipelines.runtime.python_runner import shuffled
     from pipelines.runtime.step import CompiledStep
 
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir(), out.mkdir()
     x, y = _batches(20)  # two batches of 8; the last 4 examples are dropped
-    np.savez(data / "train.npz", x=x, y=y)
+    _save(data / "train.safetensors", x, y)
     code, logs = _run(client, package[0]["id"], ["--epochs", "1", "--seed", "3"], data, out)
     assert code == 0, logs
     log = json.loads((out / "log.json").read_text())
 
     local = CompiledStep(host_step.directory, host_step.initial)  # the same steps, here
-    order = np.random.default_rng(3).permutation(20)
+    order = shuffled(20, [3])
+    assert log["order"] == order[:16]
     losses = [local.step(x[order[i:i + 8]], y[order[i:i + 8]]) for i in (0, 8)]
     assert log["steps"] == 2 and log["losses"] == pytest.approx(losses, rel=1e-6)
 
     model, _ = load_module(params.models[params.cases[CASE].model])
-    with np.load(out / "weights.npz") as weights:
-        state = {k: torch.from_numpy(weights[k]) for k in weights.files}
+    state = load_file(str(out / "weights.safetensors"))
     result = model.load_state_dict(state, strict=False)
     assert not result.unexpected_keys
     assert all(k.endswith("num_batches_tracked") for k in result.missing_keys)
@@ -182,48 +204,103 @@ def test_packaged_image_fine_tunes_and_its_weights_load_into_pytorch(client, pac
     assert torch.isfinite(model.eval()(torch.from_numpy(x[:2]))).all()
 
 
+@pytest.fixture(scope="module")
+def native(host_step, tmp_path_factory):
+    """The native runner built for the host, and a step directory of the host build."""
+    from pipelines.runtime.native import build_runner, step_directory
+
+    root = tmp_path_factory.mktemp("native")
+    runner = build_runner(load_profile("host", {}), root / "runner")
+    return runner, step_directory(host_step.directory, host_step.initial, root / "step")
+
+
+def _native(native, data, out, *args) -> tuple[int, str]:
+    import subprocess
+
+    done = subprocess.run([str(native[0]), str(native[1]), "--data", str(data), "--out",
+                           str(out), *args], capture_output=True, text=True)
+    return done.returncode, done.stdout + done.stderr
+
+
 @pytest.mark.slow
-def test_packaged_image_names_bad_data(client, package, tmp_path):
-    """A data directory without train.npz, with the wrong shapes, with labels the model's 10
-    classes do not have, or with NaN in x, is named with exit code 2; nothing is written."""
+def test_native_and_python_runners_give_the_same_weights(native, host_step, tmp_path):
+    """The native runner and the Python runner (python_runner.py) on the same step directory
+    and data, two epochs: the same batches, losses and weights, bit for bit; the native runner
+    in a fraction of the Python runner's memory."""
+    import subprocess
+    import sys
+
+    from safetensors.numpy import load_file
+
+    from pipelines.runtime.package import PYTHON_RUNNER
+
+    data = tmp_path / "data"
+    data.mkdir()
+    _save(data / "train.safetensors", *_batches(20))
+    outs = {name: tmp_path / name for name in ("native", "python")}
+    for out in outs.values():
+        out.mkdir()
+    code, logs = _native(native, data, outs["native"], "--epochs", "2", "--seed", "5")
+    assert code == 0, logs
+    subprocess.run([sys.executable, str(PYTHON_RUNNER), str(native[1]), "--data", str(data),
+                    "--out", str(outs["python"]), "--epochs", "2", "--seed", "5"], check=True)
+    logs = {n: json.loads((o / "log.json").read_text()) for n, o in outs.items()}
+    assert logs["native"]["steps"] == 4 and logs["native"]["order"] == logs["python"]["order"]
+    assert np.array_equal(np.float32(logs["native"]["losses"]), np.float32(logs["python"]["losses"]))
+    for file in ("weights", "state"):
+        got, want = (load_file(str(o / f"{file}.safetensors")) for o in outs.values())
+        assert sorted(got) == sorted(want)
+        for name in want:
+            assert np.array_equal(got[name], want[name]), name
+    assert 0 < logs["native"]["peak_rss_bytes"] < logs["python"]["peak_rss_bytes"]
+
+
+@pytest.mark.slow
+def test_native_runner_names_bad_data(native, tmp_path):
+    """A data directory without train.safetensors, with the wrong shapes, with labels the
+    model's 10 classes do not have, or with NaN in x, is named with exit code 2; nothing is
+    written."""
     out = tmp_path / "out"
     out.mkdir()
-    code, logs = _run(client, package[0]["id"], [], tmp_path, out)
-    assert code == 2 and "train.npz: not found" in logs
-    np.savez(tmp_path / "train.npz", x=np.zeros((9, 3, 8, 8), "float32"), y=np.zeros(9))
-    code, logs = _run(client, package[0]["id"], [], tmp_path, out)
-    assert code == 2 and "allowed: x [N, 3, 32, 32] and y [N]" in logs
+    code, logs = _native(native, tmp_path, out)
+    assert code == 2 and "train.safetensors: not found" in logs
+    _save(tmp_path / "train.safetensors", np.zeros((9, 3, 8, 8), "float32"), np.zeros(9, "int64"))
+    code, logs = _native(native, tmp_path, out)
+    assert code == 2 and ("tensor 'x' is float32 [9, 3, 8, 8]; allowed: x float32 "
+                          "[N, 3, 32, 32] and labels int64 [N]") in logs, logs
     x, y = _batches(16)
     for label in (10, -5, 10**9):
         bad = y.copy()
         bad[3] = label
-        np.savez(tmp_path / "train.npz", x=x, y=bad)
-        code, logs = _run(client, package[0]["id"], [], tmp_path, out)
+        _save(tmp_path / "train.safetensors", x, bad)
+        code, logs = _native(native, tmp_path, out)
         assert code == 2 and f"labels [{label}] are out of range; allowed: 0 to 9" in logs
     nan = x.copy()
     nan[2, 0, 0, 0] = np.nan
-    np.savez(tmp_path / "train.npz", x=nan, y=y)
-    code, logs = _run(client, package[0]["id"], [], tmp_path, out)
+    _save(tmp_path / "train.safetensors", nan, y)
+    code, logs = _native(native, tmp_path, out)
     assert code == 2 and "holds 1 non-finite values" in logs
     assert not list(out.iterdir())
 
 
 @pytest.mark.slow
-def test_packaged_image_stops_at_a_step_that_goes_nan(client, package, host_step, tmp_path):
+def test_native_runner_stops_at_a_step_that_goes_nan(native, host_step, tmp_path):
     """From a state whose classifier weight holds NaN (passed as --state), the first step's
-    loss is NaN: exit code 3 naming the step, and nothing written as if it had succeeded."""
+    loss is NaN: exit code 3 naming the step, and no weights written as if it had succeeded."""
+    from safetensors.numpy import save_file
+
     from pipelines.runtime.step import initial_state
 
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir(), out.mkdir()
     x, y = _batches(16)
-    np.savez(data / "train.npz", x=x, y=y)
+    _save(data / "train.safetensors", x, y)
     signature = host_step.signature
     state = initial_state(signature, host_step.initial)
     head = next(n for n, s in signature["source_names"].items() if s == "classifier.1.weight")
     state[head][0, 0] = np.nan
-    np.savez(data / "state.npz", **state)
-    code, logs = _run(client, package[0]["id"], ["--state", "/data/state.npz"], data, out)
+    save_file(state, str(data / "state.safetensors"))
+    code, logs = _native(native, data, out, "--state", str(data / "state.safetensors"))
     assert code == 3 and "step 1: its loss is not finite" in logs, logs
     assert not list(out.iterdir())
 
@@ -231,21 +308,29 @@ def test_packaged_image_stops_at_a_step_that_goes_nan(client, package, host_step
 @pytest.mark.slow
 def test_package_trial_runs_within_the_device_limits(package, host_step):
     """The stage's trial: the image as shipped fine-tunes within the profile's cores and memory
-    and gives the build's losses; too little memory is a verdict, not a failure; an image this
-    machine cannot run is said to be not run."""
+    and agrees with the Python runner on the same batches, bit for bit, in 6 MB; a device whose
+    CPU this machine neither runs nor emulates is said to be not run."""
     from pipelines.runtime.package import trial
+    from pipelines.runtime.step import synthetic_batch
 
-    x, y = _batches(16)
     build, initial = host_step.directory, host_step.initial
-    result = trial(package[0], load_profile("host", {}), build, initial, x, y, 8)
-    assert result["verdict"] == "ok" and result["steps"] == 2
-    assert 0 < result["peak_rss_bytes"] < 24576 * 2**20
-    assert 0 < result["ms_per_step"] * 2 < 1000 * result["container_seconds"]  # within the run
-    small = load_profile("edge_x86", {"edge_x86": {"memory_mb": 48}})
-    assert trial(package[0], small, build, initial, x, y, 8) == {
-        "verdict": "out_of_memory", "cores": 2, "memory_mb": 48}
-    arm = trial(package[0], load_profile("rpi4", {}), build, initial, x, y, 8)
-    assert arm["verdict"] == "not_run" and "arm64 image is built, not run" in arm["reason"]
+    arrays = synthetic_batch(host_step.signature, 0, 2)
+    run = (package[0], load_profile("host", {}), package[1] / "runner", build, build, initial,
+           arrays)
+    result = trial(*run, host_step.signature)
+    assert result["verdict"] == "ok" and result["where"] == "container" and result["steps"] == 2
+    assert result["matches_python"] and result["bit_identical"]
+    native, python = result["native"], result["python"]
+    assert 0 < native["peak_rss_bytes"] < python["peak_rss_bytes"]
+    assert 0 < native["image_bytes"] < python["image_bytes"]
+    assert 0 < native["ms_per_step"] < 1000 * native["seconds"]  # within the run
+    # Docker's least memory limit: what the runner holds beyond the files it maps (the
+    # libraries, the data: reclaimable) is the state and the step's memory pools, ~3 MB
+    small = load_profile("edge_x86", {"edge_x86": {"memory_mb": 6}})
+    assert trial(run[0], small, *run[2:], host_step.signature)["verdict"] == "ok"
+    arm = load_profile("rpi4", {"rpi4": {"emulation": {"root": "/nonexistent"}}})
+    result = trial(run[0], arm, *run[2:], host_step.signature)
+    assert result["verdict"] == "not_run" and "arm64 image is built, not run" in result["reason"]
 
 
 @pytest.mark.slow
@@ -255,60 +340,6 @@ def test_package_stage_makes_the_same_image_and_tries_it(client, package, host_s
     from pipelines.runtime.package import package as package_case
 
     metrics = package_case(CASE, "host", load_profile("host", {}), host_step.directory,
-                           host_step.initial, 2, 0, tmp_path)
+                           host_step.directory, host_step.initial, 2, 0, tmp_path)
     assert metrics["image"] == package[0]["tag"] and package[0]["tag"] in metrics["run"]
     assert metrics["trial"]["verdict"] == "ok" and metrics["trial"]["steps"] == 2
-
-
-@pytest.mark.slow
-def test_runtime_layers_are_reproducible(monkeypatch, tmp_path):
-    """Made again from scratch (mmdebstrap, pip), the Debian and Python layers are the same
-    bytes as the cached ones the images were built from, wherever the checkout is (pip ran
-    under another interpreter path for the cached ones in CI's clean clone)."""
-    from pipelines.runtime import images
-
-    if shutil.which("mmdebstrap") is None:
-        pytest.skip("mmdebstrap not on PATH (Debian package mmdebstrap; `pock setup` installs it)")
-    cached = images.runtime_layers("x86_64")
-    monkeypatch.setattr(images, "CACHE", tmp_path)
-    fresh = images.runtime_layers("x86_64")
-    assert [p.parent for p in fresh] == [tmp_path, tmp_path]
-    assert [p.name for p in fresh] == [p.name for p in cached]
-    assert [images.diff_id(p) for p in fresh] == [images.diff_id(p) for p in cached]
-
-
-def test_no_engine_says_how_to_start_one(monkeypatch):
-    from pipelines.runtime.images import engine
-
-    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    with pytest.raises(ConfigError, match="no Docker engine answers .*dockerd "
-                                          "--storage-driver=vfs"):
-        engine()
-
-
-def test_only_cpu_builds_linked_here_are_packaged():
-    from pipelines.compose import compose_text
-    from pipelines.runtime.images import packageable
-
-    assert packageable(load_profile("rpi4", {})) == "aarch64"
-    assert packageable(load_profile("edge_x86", {})) == "x86_64"
-    with pytest.raises(ConfigError, match="android_sd8g2.yaml: a container image runs a CPU "
-                                          "build linked here"):
-        packageable(load_profile("android_sd8g2", {}))
-    with pytest.raises(ConfigError, match="jetson_orin.yaml: a container image runs a CPU "
-                                          "build linked here .* target kind 'cuda'"):
-        packageable(load_profile("jetson_orin", {}))
-    with pytest.raises(ConfigError, match=r"package.devices has 'edge_x86', which is not built; "
-                                          r"allowed: \['host'\]"):
-        compose_text(["devices=[]", "package.devices=[edge_x86]"])
-    with pytest.raises(ConfigError, match="android_sd8g2.yaml: a container image"):
-        compose_text(["package.devices=[host,android_sd8g2]"])
-    with pytest.raises(ConfigError, match=r"params\.yaml: package\.trial_steps=0 \(from "
-                                          r"conf/config\.yaml\): Input should be greater than 0"):
-        compose_text(["package.trial_steps=0"])
-
-
-def test_docker_runner_refuses_another_cpu():
-    with pytest.raises(ConfigError, match="rpi4.yaml with profiles.rpi4 from params.yaml: "
-                                          "runner='docker' runs the build on this machine's CPU"):
-        load_profile("rpi4", {"rpi4": {"runner": "docker"}})

@@ -1,6 +1,6 @@
 """A compiled step against PyTorch doing the identical update, step by step from the same state,
 on the device the step was built for (the CPU, or the GPU with PyTorch on the same GPU): the
-losses, every tensor of the state at the end (evaluate/device.py's tolerance: elementwise
+losses, every tensor of the state at the end (runtime/agreement.py's tolerance: elementwise
 rtol 1e-4, or an updated tensor's change within 5% of PyTorch's for ReLU6 networks), the
 frozen parameters bit-identical, and the set of parameters each side changed the same.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.evaluate.device import RTOL, compare
+from pipelines.runtime.agreement import RTOL, compare
 
 RUNNING_STATISTICS = ("running_mean", "running_var")
 

@@ -22,6 +22,11 @@ ARCHITECTURES = {"aarch64": ("arm64", ["manylinux_2_28_aarch64", "manylinux2014_
                  "x86_64": ("amd64", ["manylinux_2_28_x86_64", "manylinux2014_x86_64",
                                       "manylinux_2_17_x86_64"])}
 DEBIAN = ["python3", "libstdc++6", "libgomp1"]
+NATIVE_DEBIAN = ["libstdc++6"]  # all the native runner and TVM's runtime libraries load
+# ... and none of its documentation, translations, debugger scripts or iconv's character-set
+# modules (the runner converts no text between encodings)
+NATIVE_DROP = ("./usr/share/doc/*", "./usr/share/locale/*", "./usr/share/lintian/*",
+               "./usr/share/gcc/*", "./usr/share/gdb/*", "./usr/lib/*/gconv/*")
 WHEELS = ["apache-tvm", "apache-tvm-ffi", "numpy", "ml_dtypes", "typing_extensions"]
 
 
@@ -44,14 +49,15 @@ def device_architecture(profile, what: str) -> str:
     return arch
 
 
-def debian_command(arch: str, output: Path) -> list[str]:
-    """mmdebstrap making a minimal Debian for ``arch`` at ``output`` (a directory or a .tar).
+def debian_command(arch: str, output: Path, packages: list[str] = DEBIAN) -> list[str]:
+    """mmdebstrap making a minimal Debian of ``packages`` (and what they depend on) for
+    ``arch`` at ``output`` (a directory or a .tar).
     The extract variant only unpacks packages (no maintainer scripts), so a foreign
     architecture needs no qemu to be made."""
     if shutil.which("mmdebstrap") is None:
         raise ConfigError("mmdebstrap is not on PATH; install the Debian package mmdebstrap")
     return ["mmdebstrap", "--quiet", "--variant=extract",
-            f"--architectures={ARCHITECTURES[arch][0]}", f"--include={','.join(DEBIAN)}",
+            f"--architectures={ARCHITECTURES[arch][0]}", f"--include={','.join(packages)}",
             "bookworm", str(output)]
 
 

@@ -17,6 +17,7 @@ are made from (architecture, packages, wheel versions).
 """
 from __future__ import annotations
 
+import fnmatch
 import functools
 import hashlib
 import io
@@ -128,14 +129,25 @@ def _cached(name: str, make) -> Path:
     return path
 
 
-def debian_layer(arch: str) -> Path:
+def debian_layer(arch: str, packages: list[str] = DEBIAN, drop: tuple[str, ...] = ()) -> Path:
+    """A minimal Debian of ``packages`` for ``arch``, without the files matching ``drop``
+    (fnmatch patterns of tar member names)."""
     def make(path: Path) -> None:
         env = dict(os.environ, SOURCE_DATE_EPOCH=EPOCH)
         # mmdebstrap picks the output format from the name
-        subprocess.run(debian_command(arch, path.with_suffix(".tar")), check=True, env=env)
-        os.replace(path.with_suffix(".tar"), path)
+        made = path.with_suffix(".tar")
+        subprocess.run(debian_command(arch, made, packages), check=True, env=env)
+        if not drop:
+            os.replace(made, path)
+            return
+        with tarfile.open(made) as source, tarfile.open(path, "w",
+                                                        format=tarfile.GNU_FORMAT) as tar:
+            for member in source:  # in mmdebstrap's order, metadata as it made it
+                if not any(fnmatch.fnmatch(member.name, p) for p in drop):
+                    tar.addfile(member, source.extractfile(member) if member.isfile() else None)
+        os.unlink(made)
 
-    return _cached(f"debian-{arch}-{_key('bookworm', DEBIAN, EPOCH)}.tar", make)
+    return _cached(f"debian-{arch}-{_key('bookworm', packages, EPOCH, drop)}.tar", make)
 
 
 def python_layer(arch: str) -> Path:

@@ -1,4 +1,4 @@
-"""The native runner (native/runner.cc): a C++ program linked against TVM's runtime library only
+"""The native runner (native_runner.cc): a C++ program linked against TVM's runtime library only
 that fine-tunes with a built step, no Python on the device. Built per device with the profile's
 toolchain (the host's g++, or Debian's cross compiler), beside the runtime libraries of the
 device's architecture (from the apache-tvm and apache-tvm-ffi wheels of the versions installed
@@ -30,7 +30,7 @@ from pipelines.runtime.emulation import device_architecture, emulation_root, ins
 from pipelines.runtime.step import initial_state
 from pipelines.schema import ConfigError
 
-SOURCE = Path(__file__).with_name("native") / "runner.cc"
+SOURCE = Path(__file__).with_name("native_runner.cc")
 CACHE = Path(os.environ.get("POCKENGINE_CACHE", "~/.cache/pockengine")).expanduser()
 RUNTIME = ["libtvm_runtime.so", "libtvm_ffi.so"]  # all the runner and a CPU step need of TVM
 EXIT_CODES = {2: "bad input", 3: "a step's loss or new state is not finite"}

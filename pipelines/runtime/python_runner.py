@@ -1,0 +1,168 @@
+"""The Python runner: the native runner's twin (native_runner.cc) on TVM's Python runtime, for
+development and for checking the native one. The same command line, step directory, data and
+outputs, the same batch order; both must give the same weights.
+
+  python pipelines/runtime/python_runner.py STEP_DIR --data DIR --out DIR [--epochs 1]
+                                             [--steps N] [--seed 0] [--state FILE]
+
+Needs numpy, safetensors and TVM's runtime only (no PyTorch, no compiler). Exit codes as the
+native runner's: 0 done; 2 bad input; 3 a step's loss or new state is not finite.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as pipelines/backend/cpu_schedules.py says why
+import tvm  # noqa: E402
+from safetensors import SafetensorError  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
+from tvm.runtime.vm import VirtualMachine  # noqa: E402
+
+from pipelines.runtime.checks import StepError, check_batch, check_finite  # noqa: E402
+
+MASK = (1 << 64) - 1
+
+
+def shuffled(n: int, rng: list[int]) -> list[int]:
+    """range(n) shuffled as the native runner does (Fisher-Yates on splitmix64): ``rng`` holds
+    the generator's state, advanced here."""
+    order = list(range(n))
+    for i in range(n - 1, 0, -1):
+        rng[0] = (rng[0] + 0x9E3779B97F4A7C15) & MASK
+        z = rng[0]
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        j = (z ^ (z >> 31)) % (i + 1)
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+class BadInput(Exception):
+    """Exit code 2."""
+
+
+def read_tensors(path: Path) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise BadInput(f"{path}: not found")
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise BadInput(f"{path}: not a safetensors file ({err})") from None
+
+
+def read_data(path: Path, manifest: dict) -> tuple[list[np.ndarray], int]:
+    """The data inputs' examples, in the step's order, and how many there are."""
+    tensors = read_tensors(path)
+    wanted = " and ".join(f"{d['name']} {d['dtype']} [N{''.join(f', {s}' for s in d['shape'][1:])}]"
+                          for d in manifest["data"])
+    arrays, count = [], None
+    for d in manifest["data"]:
+        if d["name"] not in tensors:
+            raise BadInput(f"{path}: no tensor '{d['name']}'; needs {wanted}")
+        a = tensors[d["name"]]
+        if (str(a.dtype) != d["dtype"] or list(a.shape[1:]) != d["shape"][1:] or a.ndim == 0
+                or count not in (None, len(a))):
+            raise BadInput(f"{path}: tensor '{d['name']}' is {a.dtype} {list(a.shape)}; "
+                           f"allowed: {wanted}, the same N for all")
+        arrays.append(a)
+        count = len(a)
+    batch = manifest["data"][0]["shape"][0]
+    if count < batch:
+        raise BadInput(f"{path}: {count} examples, fewer than one batch of {batch}")
+    signature = {"labels": manifest["labels"] and {k: manifest["labels"][k]
+                                                   for k in ("classes", "ignore_index")}}
+    try:
+        check_batch(signature, {d["name"]: a for d, a in zip(manifest["data"], arrays)},
+                    str(path))
+    except StepError as err:
+        raise BadInput(str(err)) from None
+    return arrays, count
+
+
+def run(args) -> int:
+    manifest = json.loads((args.step_dir / "runner.json").read_text())
+    for flag, value, least in (("--epochs", args.epochs, 1), ("--seed", args.seed, 0)):
+        if value < least:
+            raise BadInput(f"{flag} {value}: allowed: an integer >= {least}")
+    if not args.out.is_dir():
+        raise BadInput(f"{args.out}: not a directory; give one to receive the weights")
+    data, count = read_data(args.data / "train.safetensors", manifest)
+    saved = read_tensors(args.state or args.step_dir / "state.safetensors")
+    missing = [n for n in manifest["state"] if n not in saved]
+    if missing:
+        raise BadInput(f"{args.state}: no tensor {missing[:5]}; needs the step's state")
+    device = tvm.cpu()
+    vm = VirtualMachine(tvm.runtime.load_module(str(args.step_dir / "step.so")), device)
+    state = {n: tvm.runtime.tensor(saved[n], device) for n in manifest["state"]}
+    batch = manifest["data"][0]["shape"][0]
+    rng, losses, step_ms, order_log = [args.seed], [], [], []
+    began = time.perf_counter()
+    for epoch in range(args.epochs):
+        if len(losses) == args.steps:
+            break
+        order = shuffled(count, rng)
+        for start in range(0, count - batch + 1, batch):
+            if len(losses) == args.steps:
+                break
+            index = order[start:start + batch]
+            started = time.perf_counter()
+            outputs = list(vm["train_step"](
+                *[tvm.runtime.tensor(np.ascontiguousarray(a[index]), device) for a in data],
+                *[state[n] for n in manifest["state"]]))
+            step_ms.append(1e3 * (time.perf_counter() - started))
+            check_finite({"loss": outputs[0].numpy(),
+                          **{n: np.from_dlpack(v)
+                             for n, v in zip(manifest["updates"], outputs[1:])}},
+                         f"step {len(losses) + 1}", True)
+            state.update(zip(manifest["updates"], outputs[1:]))
+            losses.append(float(outputs[0].numpy()))
+            order_log.extend(index)
+        arrays = {n: v.numpy() for n, v in state.items()}
+        save_file(arrays, str(args.out / "state.safetensors"))  # a checkpoint per epoch
+        print(f"epoch {epoch + 1}/{args.epochs}: mean loss "
+              f"{np.mean(losses[-(count // batch):]):.4f}", flush=True)
+    seconds = time.perf_counter() - began
+    save_file({source: arrays[n] for n, source in manifest["weights"].items() if n in arrays},
+              str(args.out / "weights.safetensors"))
+    peak = int(next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
+                    if line.startswith("VmHWM:"))) * 1024
+    log = {"runner": "python", "epochs": args.epochs, "seed": args.seed, "steps": len(losses),
+           "seconds": seconds, "peak_rss_bytes": peak, "losses": losses, "step_ms": step_ms,
+           "order": order_log}
+    tmp = args.out / ".log.json.tmp"
+    tmp.write_text(json.dumps(log))
+    os.replace(tmp, args.out / "log.json")
+    print(f"wrote {args.out}/weights.safetensors, state.safetensors and log.json "
+          f"({len(losses)} steps)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("step_dir", type=Path)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=-1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--state", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except BadInput as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except StepError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
