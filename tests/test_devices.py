@@ -20,6 +20,7 @@ Building the step, qemu and RPC take tens of seconds: those tests are slow. The 
 skips, saying why, only where qemu or the emulation root is absent (`pock setup` makes them);
 the cross builds skip only where their compiler is absent.
 """
+import json
 import shutil
 import socket
 import subprocess
@@ -276,6 +277,41 @@ def test_emulated_rpi4_step_matches_the_host_build(rpi4_build, host_run):
     got, times, info = run(directory / built["library"], args, profile, warmup=1, steps=2)
     _assert_same_step(got, want)
     assert len(times) == 2 and min(times) > 0 and info["peak_rss_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_native_runner_on_emulated_rpi4_agrees_with_the_python_runner(step, rpi4_build, host_run,
+                                                                      tmp_path):
+    """The native runner cross-built for aarch64 (Debian's g++, TVM's runtime libraries from the
+    aarch64 wheels) runs the rpi4 build under qemu, no Python: on the same batches as the
+    Python runner on the host build, its losses and weights agree to the device tolerance
+    (runtime/agreement.py)."""
+    from pipelines.runtime.native import build_runner, run_native, save_data, step_directory
+    from pipelines.runtime.package import agreement, python_runner
+    from pipelines.runtime.runners.emulated import check_emulation
+
+    profile = load_profile("rpi4", {})
+    try:
+        check_emulation(profile)
+    except ConfigError as err:
+        pytest.skip(str(err))
+    runner = build_runner(profile, tmp_path / "runner")
+    header = runner.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183
+    directory, built = rpi4_build
+    signature = json.loads((directory / "signature.json").read_text())
+    batches = [_batch(signature, seed) for seed in range(3)]
+    data, native, python = (tmp_path / n for n in ("data", "native", "python"))
+    for d in (data, native, python):
+        d.mkdir()
+    save_data(data / "train.safetensors", signature,
+              tuple(np.concatenate(arrays) for arrays in zip(*batches)))
+    device_step = step_directory(directory, step[1], tmp_path / "rpi4")
+    log = run_native(runner, device_step, data, native, profile, ("--epochs", "2"))
+    host_step = step_directory(host_run[0], step[1], tmp_path / "host")
+    python_runner(host_step, data, python, 2, 600, ("--epochs", "2"))
+    assert log["steps"] == 6 and log["runner"] == "native"
+    assert agreement(native, python, host_step)["matches_python"]
 
 
 def test_emulation_without_qemu_or_a_root_says_how_to_get_them(tmp_path):

@@ -37,10 +37,16 @@ EXIT_CODES = {2: "bad input", 3: "a step's loss or new state is not finite"}
 
 
 def manifest(signature: dict) -> dict:
-    """runner.json: what the runner needs of the step's signature."""
-    data = [{"name": n, **signature["data_types"][n]} for n in signature["data"]]
+    """runner.json: what the runner needs of the step's signature. A data input's ``example``
+    is one example's shape as the data holds it ([N, *example]): a language model's labels,
+    which the step takes flattened, [batch x sequence], are [N, sequence]."""
+    types = [signature["data_types"][n] for n in signature["data"]]
+    batch = types[0]["shape"][0]
+    data = [{"name": n, **t, "example": (t["shape"][1:] if t["shape"][0] == batch
+                                         else [t["shape"][0] // batch, *t["shape"][1:]])}
+            for n, t in zip(signature["data"], types)]
     labels = signature.get("labels") or {}
-    return {"data": data,
+    return {"batch": batch, "data": data,
             "labels": ({"name": "labels", **labels}
                        if labels.get("classes") and "labels" in signature["data"] else None),
             "state": signature["inputs"][len(signature["data"]):],
@@ -61,9 +67,11 @@ def step_directory(build_dir: Path, initial: dict[str, np.ndarray], out: Path) -
 
 
 def save_data(path: Path, signature: dict, arrays: tuple[np.ndarray, ...]) -> None:
-    """train.safetensors at ``path``: the step's data inputs, examples on the first axis."""
-    save_file({name: np.ascontiguousarray(a, signature["data_types"][name]["dtype"])
-               for name, a in zip(signature["data"], arrays)}, str(path))
+    """train.safetensors at ``path``: the step's data inputs (as the step takes them, any
+    number of batches), each [N, *example] (``manifest``)."""
+    shapes = {d["name"]: d for d in manifest(signature)["data"]}
+    save_file({name: np.ascontiguousarray(a, shapes[name]["dtype"]).reshape(
+        -1, *shapes[name]["example"]) for name, a in zip(signature["data"], arrays)}, str(path))
 
 
 def runtime_libraries(arch: str) -> list[Path]:

@@ -95,9 +95,10 @@ std::string safetensors_dtype(DLDataType dtype) {
   throw std::runtime_error("no safetensors dtype for " + std::string(ffi::DLDataTypeToString(dtype)));
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+std::string shape_text(const std::vector<int64_t>& shape, const std::string& first = "") {
+  std::string text = "[" + first;
+  for (size_t i = 0; i < shape.size(); ++i)
+    text += (i || !first.empty() ? ", " : "") + std::to_string(shape[i]);
   return text + "]";
 }
 
@@ -219,7 +220,8 @@ void save_safetensors(const std::string& path,
 struct DataInput {  // one of the step's data inputs, and where its examples come from
   std::string name;
   DLDataType dtype;
-  std::vector<int64_t> shape;  // the step's: batch first
+  std::vector<int64_t> shape;    // the step's
+  std::vector<int64_t> example;  // one example's, as the data holds it: [N, *example]
   const SafeTensors::Entry* examples = nullptr;
   size_t example_bytes = 0;
   ffi::Tensor batch;  // allocated once, refilled every step
@@ -326,20 +328,19 @@ int run(const Args& args) {
     input.name = info["name"].cast<ffi::String>();
     input.dtype = ffi::StringToDLDataType(info["dtype"].cast<ffi::String>());
     for (const auto& d : info["shape"].cast<json::Array>()) input.shape.push_back(d.cast<int64_t>());
-    std::vector<int64_t> example(input.shape.begin() + 1, input.shape.end());
+    for (const auto& d : info["example"].cast<json::Array>()) input.example.push_back(d.cast<int64_t>());
     wanted += (wanted.empty() ? "" : " and ") + input.name + " " +
-              std::string(ffi::DLDataTypeToString(input.dtype)) + " [N" +
-              (example.empty() ? "" : ", " + shape_text(example).substr(1));
-    if (example.empty()) wanted += "]";
+              std::string(ffi::DLDataTypeToString(input.dtype)) + " " +
+              shape_text(input.example, "N");
     inputs.push_back(std::move(input));
   }
   int64_t examples = -1;
   for (auto& input : inputs) {
     input.examples = &train.get(input.name, wanted);
     const auto& e = *input.examples;
-    std::vector<int64_t> example(input.shape.begin() + 1, input.shape.end());
     bool same = e.dtype.code == input.dtype.code && e.dtype.bits == input.dtype.bits &&
-                !e.shape.empty() && std::vector<int64_t>(e.shape.begin() + 1, e.shape.end()) == example;
+                !e.shape.empty() &&
+                std::vector<int64_t>(e.shape.begin() + 1, e.shape.end()) == input.example;
     if (!same || (examples >= 0 && e.shape[0] != examples))
       bad_input(train_path + ": tensor '" + input.name + "' is " +
                 std::string(ffi::DLDataTypeToString(e.dtype)) + " " + shape_text(e.shape) +
@@ -348,7 +349,7 @@ int run(const Args& args) {
     input.example_bytes = examples ? e.bytes / examples : 0;
     input.batch = empty(input.shape, input.dtype);
   }
-  const int64_t batch = inputs.front().shape[0];
+  const int64_t batch = manifest["batch"].cast<int64_t>();
   if (examples < batch)
     bad_input(train_path + ": " + std::to_string(examples) + " examples, fewer than one batch of " +
               std::to_string(batch));

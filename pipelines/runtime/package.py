@@ -44,7 +44,8 @@ from pipelines.runtime.agreement import compare
 from pipelines.runtime.emulation import NATIVE_DEBIAN, NATIVE_DROP, emulation_root, root_is_ready
 from pipelines.runtime.images import (OutOfMemory, add_tree, debian_layer, engine, ensure_image,
                                       packageable, run_limited, runs_here, runtime_layers)
-from pipelines.runtime.native import build_runner, run_native, save_data, step_directory
+from pipelines.runtime.native import (build_runner, manifest, run_native, save_data,
+                                      step_directory)
 from pipelines.runtime.step import synthetic_batch
 
 APP = "/app"
@@ -53,8 +54,8 @@ PYTHON_RUNNER = Path(__file__).with_name("python_runner.py")
 
 def data_inputs(signature: dict) -> dict:
     """The tensors train.safetensors must hold: the step's data inputs, N examples first."""
-    return {name: {"dtype": t["dtype"], "shape": ["N", *t["shape"][1:]]}
-            for name, t in ((n, signature["data_types"][n]) for n in signature["data"])}
+    return {d["name"]: {"dtype": d["dtype"], "shape": ["N", *d["example"]]}
+            for d in manifest(signature)["data"]}
 
 
 def app_layer(runner_dir: Path, step_dir: Path, about: dict, path: Path) -> None:
@@ -94,12 +95,13 @@ def make_package(device: str, profile, build_dir: Path, initial: dict, about: di
     return image
 
 
-def python_runner(step_dir: Path, data: Path, out: Path, cores: int, timeout_s: float) -> dict:
+def python_runner(step_dir: Path, data: Path, out: Path, cores: int, timeout_s: float,
+                  args: tuple[str, ...] = ()) -> dict:
     """The Python runner on ``step_dir`` in a process of its own (its memory is its own); its
     log."""
     env = dict(os.environ, TVM_NUM_THREADS=str(cores))
     done = subprocess.run([sys.executable, str(PYTHON_RUNNER), str(step_dir),
-                           "--data", str(data), "--out", str(out)], capture_output=True,
+                           "--data", str(data), "--out", str(out), *args], capture_output=True,
                           text=True, env=env, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"the Python runner exited with {done.returncode}: "
@@ -107,10 +109,13 @@ def python_runner(step_dir: Path, data: Path, out: Path, cores: int, timeout_s: 
     return json.loads((out / "log.json").read_text())
 
 
-def agreement(native: Path, python: Path, start: dict[str, np.ndarray]) -> dict:
+def agreement(native: Path, python: Path, step_dir: Path) -> dict:
     """Whether the runners' runs in ``native`` and ``python`` agree: the same batches, losses
-    and weights (the weights before, ``start``, by source name, tell a flipped ReLU6 gradient
-    from a wrong update: agreement.compare)."""
+    and weights (the weights they started from, in ``step_dir``, tell a flipped ReLU6
+    gradient from a wrong update: agreement.compare)."""
+    names = json.loads((step_dir / "runner.json").read_text())["weights"]
+    start = {names[n]: v for n, v in load_file(str(step_dir / "state.safetensors")).items()
+             if n in names}
     logs = [json.loads((d / "log.json").read_text()) for d in (native, python)]
     if logs[0]["order"] != logs[1]["order"]:
         raise RuntimeError("the native and the Python runner took different batches")
@@ -160,10 +165,7 @@ def trial(image: dict, profile, runner_dir: Path, build_dir: Path, reference_dir
         reference = step_directory(reference_dir, initial, Path(tmp, "reference"))
         python_log = python_runner(reference, data, python, limits["cores"], timeout)
         native_log = json.loads((native / "log.json").read_text())
-        names = json.loads((reference / "runner.json").read_text())["weights"]
-        start = {names[n]: v for n, v in load_file(str(reference / "state.safetensors")).items()
-                 if n in names}
-        agree = agreement(native, python, start)
+        agree = agreement(native, python, reference)
     if not agree["matches_python"]:
         raise RuntimeError(f"package@{profile.name}: the native runner's losses "
                            f"{native_log['losses']} and weights do not agree with the Python "

@@ -60,20 +60,20 @@ def read_tensors(path: Path) -> dict[str, np.ndarray]:
 def read_data(path: Path, manifest: dict) -> tuple[list[np.ndarray], int]:
     """The data inputs' examples, in the step's order, and how many there are."""
     tensors = read_tensors(path)
-    wanted = " and ".join(f"{d['name']} {d['dtype']} [N{''.join(f', {s}' for s in d['shape'][1:])}]"
+    wanted = " and ".join(f"{d['name']} {d['dtype']} [N{''.join(f', {s}' for s in d['example'])}]"
                           for d in manifest["data"])
     arrays, count = [], None
     for d in manifest["data"]:
         if d["name"] not in tensors:
             raise BadInput(f"{path}: no tensor '{d['name']}'; needs {wanted}")
         a = tensors[d["name"]]
-        if (str(a.dtype) != d["dtype"] or list(a.shape[1:]) != d["shape"][1:] or a.ndim == 0
+        if (str(a.dtype) != d["dtype"] or a.ndim == 0 or list(a.shape[1:]) != d["example"]
                 or count not in (None, len(a))):
             raise BadInput(f"{path}: tensor '{d['name']}' is {a.dtype} {list(a.shape)}; "
                            f"allowed: {wanted}, the same N for all")
         arrays.append(a)
         count = len(a)
-    batch = manifest["data"][0]["shape"][0]
+    batch = manifest["batch"]
     if count < batch:
         raise BadInput(f"{path}: {count} examples, fewer than one batch of {batch}")
     signature = {"labels": manifest["labels"] and {k: manifest["labels"][k]
@@ -101,7 +101,7 @@ def run(args) -> int:
     device = tvm.cpu()
     vm = VirtualMachine(tvm.runtime.load_module(str(args.step_dir / "step.so")), device)
     state = {n: tvm.runtime.tensor(saved[n], device) for n in manifest["state"]}
-    batch = manifest["data"][0]["shape"][0]
+    batch = manifest["batch"]
     rng, losses, step_ms, order_log = [args.seed], [], [], []
     began = time.perf_counter()
     for epoch in range(args.epochs):
@@ -114,7 +114,8 @@ def run(args) -> int:
             index = order[start:start + batch]
             started = time.perf_counter()
             outputs = list(vm["train_step"](
-                *[tvm.runtime.tensor(np.ascontiguousarray(a[index]), device) for a in data],
+                *[tvm.runtime.tensor(a[index].reshape(d["shape"]), device)
+                  for a, d in zip(data, manifest["data"])],
                 *[state[n] for n in manifest["state"]]))
             step_ms.append(1e3 * (time.perf_counter() - started))
             check_finite({"loss": outputs[0].numpy(),
