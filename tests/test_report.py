@@ -1,6 +1,7 @@
-"""The report's GPU section (pipelines/report/render.py): each committed `pock gpu bench` run
-rendered as a table, a case that failed on the GPU said so with its error, nothing dropped."""
-from pipelines.report.render import gpu_tables
+"""The report (pipelines/report/render.py): each committed `pock gpu bench` run rendered as a
+table, a case that failed on the GPU said so with its error, nothing dropped; each package's
+trial with both runners' figures, or why it did not run."""
+from pipelines.report.render import device_table, gpu_tables
 
 
 def _timed(ms: float) -> dict:
@@ -25,3 +26,22 @@ def test_each_gpu_run_is_a_table_with_its_ratios_and_failures():
     assert "| 2.00 ms, 4,000 examples/s |" in paper and "14.00 ms (7.00x)" in paper and "10.00 ms (5.00x)" in paper and "0.05x" in paper
     (full,) = [line for line in lines if line.startswith("| smollm_full")]
     assert full.count("failed: timed out after 120 s") == 2  # parity and speed
+
+
+def test_packages_show_both_runners_or_why_they_did_not_run():
+    runner = {"ms_per_step": 2.5, "peak_rss_bytes": 18 * 2**20, "image_bytes": 40 * 2**20}
+    trial = {"verdict": "ok", "where": "emulated", "steps": 10, "bit_identical": False,
+             "worst_diff_over_tolerance": 0.25, "native": runner,
+             "python": {**runner, "peak_rss_bytes": 400 * 2**20, "image_bytes": 420 * 2**20}}
+    found = {"benchmark": {}, "build": {}, "package": {
+        "mbv2-rpi4": {"image": "pockengine/mbv2-rpi4:abc", "trial": trial},
+        "mbv2-jetson": {"image": "pockengine/mbv2-jetson:def",
+                        "trial": {"verdict": "not_run", "reason": "no qemu"}},
+        "mbv2-host": None}}
+    lines = device_table(found)
+    (rpi4,) = [line for line in lines if line.startswith("| mbv2-rpi4")]
+    assert ("| 10 steps, emulated | 2.50 ms/step, peak 18.00 MiB, image 40.00 MiB | 2.50 ms/step, "
+            "peak 400.00 MiB, image 420.00 MiB | to 0.25x tolerance |") in rpi4
+    (jetson,) = [line for line in lines if line.startswith("| mbv2-jetson")]
+    assert "| no qemu |" in jetson
+    assert not [line for line in lines if line.startswith("| mbv2-host")]

@@ -187,13 +187,24 @@ def device_table(found: dict) -> list[str]:
                      f"{latency} |")
     packages = [(k, p) for k, p in found["package"].items() if p]
     if packages:
-        lines += ["", "| package | image | trial within the device's limits |", "|---|---|---|"]
+        lines += ["", "Packages: the native runner (no Python) in the image, tried within the "
+                  "device's limits (emulated: under qemu, whose own memory counts), beside the "
+                  "Python runner here on the same batches (runtime/package.py).", "",
+                  "| package | image | trial | native runner | Python runner | agree |",
+                  "|---|---|---|---|---|---|"]
         for key, metrics in packages:
             trial = metrics["trial"]
-            result = (f"ok: {trial['steps']} steps at {trial['ms_per_step']:.1f} ms, peak "
-                      f"{_mib(trial['peak_rss_bytes'])}" if trial["verdict"] == "ok"
-                      else trial.get("reason", trial["verdict"]))
-            lines.append(f"| {key} | `{metrics['image']}` | {result} |")
+            if trial["verdict"] != "ok":
+                lines.append(f"| {key} | `{metrics['image']}` | "
+                             f"{trial.get('reason', trial['verdict'])} | | | |")
+                continue
+            native, python = trial["native"], trial["python"]
+            runners = [f"{r['ms_per_step']:.2f} ms/step, peak {_mib(r['peak_rss_bytes'])}, "
+                       f"image {_mib(r['image_bytes'])}" for r in (native, python)]
+            agree = ("bit for bit" if trial["bit_identical"] else
+                     f"to {trial['worst_diff_over_tolerance']:.2g}x tolerance")
+            lines.append(f"| {key} | `{metrics['image']}` | {trial['steps']} steps, "
+                         f"{trial['where']} | {runners[0]} | {runners[1]} | {agree} |")
     return lines + [""]
 
 
