@@ -1,7 +1,7 @@
 """What a training step may take and give, checked before it runs and before its results are
 kept: its inputs finite, its labels ones the loss can score, its loss and new state finite.
-Numpy only: the packaged image runs this file beside its entrypoint (package_entrypoint.py),
-where there is no pipelines package.
+Numpy only: the Python runner (python_runner.py) needs nothing more; the native runner
+(native_runner.cc) makes the same checks in C++.
 
 A step's signature says what its labels may be (training/graph.py): ``labels.classes`` (the
 logits' last axis) and ``labels.ignore_index`` (a label that scores nothing).

@@ -118,6 +118,8 @@ def build_runner(profile, out: Path) -> Path:
     subprocess.run([compiler, "-std=c++17", "-O2", "-o", str(out / "runner"), str(SOURCE),
                     f"-I{include}", f"-L{out}", "-Wl,--no-as-needed", "-ltvm_runtime",
                     "-ltvm_ffi", "-Wl,-rpath,$ORIGIN", "-Wl,--build-id=none",
+                    # the headers' assertions name their files: not where this checkout is
+                    f"-ffile-prefix-map={include}=include",
                     f"-ffile-prefix-map={SOURCE.parent}=."], check=True)
     return out / "runner"
 

@@ -182,6 +182,19 @@ def trial(image: dict, profile, runner_dir: Path, build_dir: Path, reference_dir
                 p.stat().st_size for p in runtime_layers(arch))}}
 
 
+def trial_data(signature: dict, seed: int, batches: int) -> tuple[np.ndarray, ...]:
+    """Seeded data of the step's shapes (step.synthetic_batch), its labels drawn over the
+    model's classes: labels all of one class drive the loss to 0 in a few steps, after which
+    the trial would compare steps that change nothing."""
+    arrays = list(synthetic_batch(signature, seed, batches))
+    classes = (signature.get("labels") or {}).get("classes")
+    if classes and "labels" in signature["data"]:
+        at = signature["data"].index("labels")
+        arrays[at] = np.random.default_rng(seed).integers(
+            0, classes, arrays[at].shape).astype(arrays[at].dtype)
+    return tuple(arrays)
+
+
 def package(name: str, device: str, profile, build_dir: Path, reference_dir: Path,
             initial: dict, trial_steps: int, seed: int, out_dir: Path) -> dict:
     """The image of case ``name`` for ``device`` (runner/, app.tar and image.json in
@@ -193,7 +206,7 @@ def package(name: str, device: str, profile, build_dir: Path, reference_dir: Pat
     about = {"case": name, "scheme": signature["scheme"], "device": device,
              "batch_size": batch, "data": data_inputs(signature)}
     image = make_package(device, profile, build_dir, initial, about, out_dir)
-    arrays = synthetic_batch(signature, seed, trial_steps)
+    arrays = trial_data(signature, seed, trial_steps)
     result = trial(image, profile, out_dir / "runner", build_dir,
                    build_dir if runs_here(packageable(profile)) is None else reference_dir,
                    initial, arrays, signature)
