@@ -258,8 +258,8 @@ def test_native_and_python_runners_give_the_same_weights(native, host_step, tmp_
 @pytest.mark.slow
 def test_native_runner_names_bad_data(native, tmp_path):
     """A data directory without train.safetensors, with the wrong shapes, with labels the
-    model's 10 classes do not have, or with NaN in x, is named with exit code 2; nothing is
-    written."""
+    model's 10 classes do not have, or with NaN in x, or a state of another shape, is named
+    with exit code 2; nothing is written."""
     out = tmp_path / "out"
     out.mkdir()
     code, logs = _native(native, tmp_path, out)
@@ -280,6 +280,17 @@ def test_native_runner_names_bad_data(native, tmp_path):
     _save(tmp_path / "train.safetensors", nan, y)
     code, logs = _native(native, tmp_path, out)
     assert code == 2 and "holds 1 non-finite values" in logs
+    # the state is checked once, as the built step does not check its inputs
+    from safetensors.numpy import load_file, save_file
+
+    _save(tmp_path / "train.safetensors", x, y)
+    state = load_file(str(native[1] / "state.safetensors"))
+    name = next(n for n in sorted(state) if state[n].ndim > 1)
+    save_file({**state, name: state[name].ravel()}, str(tmp_path / "state.safetensors"))
+    code, logs = _native(native, tmp_path, out, "--state", str(tmp_path / "state.safetensors"))
+    assert code == 2 and (f"state.safetensors: tensor '{name}' is float32 "
+                          f"[{state[name].size}]; allowed: float32 "
+                          f"{list(state[name].shape)}") in logs, logs
     assert not list(out.iterdir())
 
 

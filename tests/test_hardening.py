@@ -1,7 +1,8 @@
 """Bad input and bad steps, refused with a clear error, nothing kept of what failed:
 
-- a batch with labels the loss cannot score (10 of 5 classes, -5, 1e9) or non-finite inputs is
-  refused naming the step and the array; the state stays as it was (runtime/checks.py);
+- a batch with labels the loss cannot score (10 of 5 classes, -5, 1e9), non-finite inputs, or
+  an input or state of another shape or dtype (which the built step no longer checks itself)
+  is refused naming the step and the array; the state stays as it was (runtime/checks.py);
 - the fused loss never reads out of bounds: a label out of range scores nothing, as an ignored
   one does (kernels/softmax_nll.py), where a batch reaches the step unchecked;
 - a step whose loss or new state is not finite keeps the state before it, or, where it updates
@@ -87,6 +88,63 @@ def test_labels_out_of_range_are_refused_and_nothing_changes(built, label):
     assert step.steps == 0
     step.step(*batch([0, 1, 2, 3, 4, -100, 1, 2]))  # an ignored label is a label
     assert step.steps == 1
+
+
+def test_inputs_and_state_of_other_shapes_are_refused_before_the_step(built):
+    """The built step does not check its parameters on every call (backend/checked_once.py):
+    CompiledStep checks what it is given instead, once per array, and the step is not run."""
+    import tvm
+
+    from pipelines.runtime.checks import BadBatch
+
+    vm_text = tvm.relax.VMExecutable(tvm.runtime.load_module(
+        str(built[0] / "step.so"))).as_text()
+    assert "check_tensor_info" not in vm_text and "match_shape" not in vm_text
+    step = CompiledStep(*built)
+    x, y = batch()
+    with pytest.raises(BadBatch, match=r"step 1: input 'input' is float32 \[8, 13\]; allowed: "
+                                       r"float32 \[8, 12\]"):
+        step.step(np.zeros((8, 13), "float32"), y)
+    with pytest.raises(BadBatch, match=r"input 'labels' is int32 \[8\]; allowed: int64"):
+        step.step(x, y.astype("int32"))
+    name = next(iter(step.state))
+    wrong = tvm.runtime.tensor(np.zeros((3,), "float32"))
+    with pytest.raises(BadBatch, match=rf"state '{name}': float32 \[3\]; allowed: float32"):
+        step.set_state(name, wrong)
+    assert step.steps == 0
+    step.step(x, y)
+
+
+def test_only_a_step_of_static_shapes_loses_its_parameter_checks():
+    """A symbolic shape is read by match_shape into the shape heap: that step keeps its
+    checks; a static one drops them and still computes the same."""
+    import tvm
+    from tvm import relax
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    from pipelines.backend.checked_once import drop_param_checks
+
+    @I.ir_module
+    class Static:
+        @R.function
+        def train_step(x: R.Tensor((2, 4), "float32")) -> R.Tensor((2, 4), "float32"):
+            return R.add(x, x)
+
+    @I.ir_module
+    class Symbolic:
+        @R.function
+        def train_step(x: R.Tensor(("n", 4), "float32")) -> R.Tensor(("n", 4), "float32"):
+            return R.add(x, x)
+
+    pipeline = tvm.transform.Sequential([relax.get_pipeline("default"), drop_param_checks])
+    static = tvm.compile(Static, target="llvm", relax_pipeline=pipeline)
+    assert "match_shape" not in static.as_text()
+    x = np.arange(8, dtype="float32").reshape(2, 4)
+    vm = relax.VirtualMachine(static, tvm.cpu())
+    np.testing.assert_array_equal(vm["train_step"](tvm.runtime.tensor(x)).numpy(), 2 * x)
+    symbolic = tvm.compile(Symbolic, target="llvm", relax_pipeline=pipeline)
+    assert "match_shape" in symbolic.as_text()
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])

@@ -18,8 +18,10 @@ from collections import Counter
 from pathlib import Path
 
 import tvm
+from tvm import relax
 
 from pipelines.backend.blas import compile_with_backends
+from pipelines.backend.checked_once import drop_param_checks
 from pipelines.backend.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
 from pipelines.backend.gpu import GPU_KINDS, gpu_pipeline
 from pipelines.backend.cpu_schedules import schedule_cpu
@@ -76,7 +78,8 @@ def build_step(mod: tvm.IRModule, profile, directory: Path, database=None,
         backends = {"measured": measured, "kernels": rows} if measured else {
             "measured": False, "reason": f"runner {profile.runner}: the build cannot time "
                                          f"kernels on the device; every product generated"}
-        (mod, kernels), pipeline = schedule_cpu(mod, target, database), "default"
+        (mod, kernels), pipeline = schedule_cpu(mod, target, database), tvm.transform.Sequential(
+            [relax.get_pipeline("default"), drop_param_checks])
     with tvm.transform.PassContext(config=config) if config else contextlib.nullcontext():
         executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
     library = Path(directory) / LIBRARY[toolchain.output]

@@ -136,7 +136,7 @@ def gpu_pipeline(target: tvm.target.Target, taken: Counter, launches: Counter):
             mod = tvm.transform.Sequential(cuda.dataflow_lower_passes(target)
                                            + [relax.transform.CanonicalizeBindings()]
                                            + finalize[:at] + [graph_calls_return]
-                                           + finalize[at:])(mod)
+                                           + finalize[at:] + [drop_param_checks])(mod)
         launches.update(kernel_launches(mod))
         return mod
 

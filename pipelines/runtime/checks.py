@@ -1,5 +1,6 @@
 """What a training step may take and give, checked before it runs and before its results are
-kept: its inputs finite, its labels ones the loss can score, its loss and new state finite.
+kept: its inputs of the shapes it was built for and finite, its labels ones the loss can score,
+its loss and new state finite.
 Numpy only: the Python runner (python_runner.py) needs nothing more; the native runner
 (native_runner.cc) makes the same checks in C++.
 
@@ -18,6 +19,18 @@ class StepError(ValueError):
 
 class BadBatch(StepError):
     """Input the step cannot take (bad input: exit code 2 where a command meets it)."""
+
+
+def check_shapes(types: dict[str, dict], arrays: dict, where: str, what: str = "input") -> None:
+    """``arrays`` have the dtype and shape ``types`` gives them by name ({"dtype", "shape"}).
+    The built step does not check them itself (backend/checked_once.py): a wrong one would be
+    read out of bounds."""
+    for name, array in arrays.items():
+        want = types[name]
+        dtype, shape = str(array.dtype), list(array.shape)
+        if dtype != want["dtype"] or shape != list(want["shape"]):
+            raise BadBatch(f"{where}: {what} {name!r} is {dtype} {shape}; allowed: "
+                           f"{want['dtype']} {list(want['shape'])}")
 
 
 def check_batch(signature: dict, arrays: dict[str, np.ndarray], where: str) -> None:

@@ -36,20 +36,28 @@ RUNTIME = ["libtvm_runtime.so", "libtvm_ffi.so"]  # all the runner and a CPU ste
 EXIT_CODES = {2: "bad input", 3: "a step's loss or new state is not finite"}
 
 
-def manifest(signature: dict) -> dict:
-    """runner.json: what the runner needs of the step's signature. A data input's ``example``
-    is one example's shape as the data holds it ([N, *example]): a language model's labels,
-    which the step takes flattened, [batch x sequence], are [N, sequence]."""
+def data_manifest(signature: dict) -> dict:
+    """The batch size and the step's data inputs. A data input's ``example`` is one example's
+    shape as the data holds it ([N, *example]): a language model's labels, which the step
+    takes flattened, [batch x sequence], are [N, sequence]."""
     types = [signature["data_types"][n] for n in signature["data"]]
     batch = types[0]["shape"][0]
-    data = [{"name": n, **t, "example": (t["shape"][1:] if t["shape"][0] == batch
-                                         else [t["shape"][0] // batch, *t["shape"][1:]])}
-            for n, t in zip(signature["data"], types)]
+    return {"batch": batch,
+            "data": [{"name": n, **t, "example": (t["shape"][1:] if t["shape"][0] == batch
+                                                  else [t["shape"][0] // batch, *t["shape"][1:]])}
+                     for n, t in zip(signature["data"], types)]}
+
+
+def manifest(signature: dict, state: dict[str, np.ndarray]) -> dict:
+    """runner.json: what the runner needs of the step's signature, and the dtype and shape of
+    each entry of its ``state``, which the runners check once, as the data (the built step
+    does not: backend/checked_once.py)."""
     labels = signature.get("labels") or {}
-    return {"batch": batch, "data": data,
+    return {**data_manifest(signature),
             "labels": ({"name": "labels", **labels}
                        if labels.get("classes") and "labels" in signature["data"] else None),
-            "state": signature["inputs"][len(signature["data"]):],
+            "state": [{"name": n, "dtype": str(state[n].dtype), "shape": list(state[n].shape)}
+                      for n in signature["inputs"][len(signature["data"]):]],
             "updates": [n.removeprefix("new_") for n in signature["outputs"][1:]],
             "weights": signature["source_names"]}
 
@@ -61,15 +69,16 @@ def step_directory(build_dir: Path, initial: dict[str, np.ndarray], out: Path) -
     out.mkdir(parents=True, exist_ok=True)
     for library in [Path(build_dir) / "step.so", *libraries_beside(Path(build_dir) / "step.so")]:
         shutil.copyfile(library, out / library.name)
-    write_json_atomic(out / "runner.json", manifest(signature))
-    save_file(initial_state(signature, initial), str(out / "state.safetensors"))
+    state = initial_state(signature, initial)
+    write_json_atomic(out / "runner.json", manifest(signature, state))
+    save_file(state, str(out / "state.safetensors"))
     return out
 
 
 def save_data(path: Path, signature: dict, arrays: tuple[np.ndarray, ...]) -> None:
     """train.safetensors at ``path``: the step's data inputs (as the step takes them, any
     number of batches), each [N, *example] (``manifest``)."""
-    shapes = {d["name"]: d for d in manifest(signature)["data"]}
+    shapes = {d["name"]: d for d in data_manifest(signature)["data"]}
     save_file({name: np.ascontiguousarray(a, shapes[name]["dtype"]).reshape(
         -1, *shapes[name]["example"]) for name, a in zip(signature["data"], arrays)}, str(path))
 

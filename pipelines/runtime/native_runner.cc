@@ -376,9 +376,18 @@ int run(const Args& args) {
   SafeTensors saved(args.state);
   std::vector<std::string> state_names;
   std::map<std::string, ffi::Tensor> state;
-  for (const auto& n : manifest["state"].cast<json::Array>()) {
-    std::string name(n.cast<ffi::String>());
+  for (const auto& item : manifest["state"].cast<json::Array>()) {
+    json::Object info = item.cast<json::Object>();
+    std::string name(info["name"].cast<ffi::String>());
+    std::vector<int64_t> shape;
+    for (const auto& d : info["shape"].cast<json::Array>()) shape.push_back(d.cast<int64_t>());
+    std::string dtype(info["dtype"].cast<ffi::String>());
     const auto& e = saved.get(name, "the step's state (runner.json's state)");
+    // Checked here, once: the built step does not check its inputs (backend/checked_once.py).
+    if (std::string(ffi::DLDataTypeToString(e.dtype)) != dtype || e.shape != shape)
+      bad_input(saved.path() + ": tensor '" + name + "' is " +
+                std::string(ffi::DLDataTypeToString(e.dtype)) + " " + shape_text(e.shape) +
+                "; allowed: " + dtype + " " + shape_text(shape));
     ffi::Tensor t = empty(e.shape, e.dtype);
     std::memcpy(t.data_ptr(), e.data, e.bytes);
     state_names.push_back(name);

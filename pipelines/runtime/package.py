@@ -44,7 +44,7 @@ from pipelines.runtime.agreement import compare
 from pipelines.runtime.emulation import NATIVE_DEBIAN, NATIVE_DROP, emulation_root, root_is_ready
 from pipelines.runtime.images import (OutOfMemory, add_tree, debian_layer, engine, ensure_image,
                                       packageable, run_limited, runs_here, runtime_layers)
-from pipelines.runtime.native import (build_runner, manifest, run_native, save_data,
+from pipelines.runtime.native import (build_runner, data_manifest, run_native, save_data,
                                       step_directory)
 from pipelines.runtime.step import synthetic_batch
 
@@ -55,7 +55,7 @@ PYTHON_RUNNER = Path(__file__).with_name("python_runner.py")
 def data_inputs(signature: dict) -> dict:
     """The tensors train.safetensors must hold: the step's data inputs, N examples first."""
     return {d["name"]: {"dtype": d["dtype"], "shape": ["N", *d["example"]]}
-            for d in manifest(signature)["data"]}
+            for d in data_manifest(signature)["data"]}
 
 
 def app_layer(runner_dir: Path, step_dir: Path, about: dict, path: Path) -> None:

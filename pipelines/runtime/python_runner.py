@@ -25,7 +25,8 @@ from safetensors import SafetensorError  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 from tvm.runtime.vm import VirtualMachine  # noqa: E402
 
-from pipelines.runtime.checks import StepError, check_batch, check_finite  # noqa: E402
+from pipelines.runtime.checks import (StepError, check_batch, check_finite,  # noqa: E402
+                                      check_shapes)
 
 MASK = (1 << 64) - 1
 
@@ -94,13 +95,19 @@ def run(args) -> int:
     if not args.out.is_dir():
         raise BadInput(f"{args.out}: not a directory; give one to receive the weights")
     data, count = read_data(args.data / "train.safetensors", manifest)
-    saved = read_tensors(args.state or args.step_dir / "state.safetensors")
-    missing = [n for n in manifest["state"] if n not in saved]
+    state_path = args.state or args.step_dir / "state.safetensors"
+    saved = read_tensors(state_path)
+    types = {t["name"]: t for t in manifest["state"]}
+    missing = [n for n in types if n not in saved]
     if missing:
-        raise BadInput(f"{args.state}: no tensor {missing[:5]}; needs the step's state")
+        raise BadInput(f"{state_path}: no tensor {missing[:5]}; needs the step's state")
+    try:  # once: the built step does not check its inputs
+        check_shapes(types, {n: saved[n] for n in types}, str(state_path), "tensor")
+    except StepError as err:
+        raise BadInput(str(err)) from None
     device = tvm.cpu()
     vm = VirtualMachine(tvm.runtime.load_module(str(args.step_dir / "step.so")), device)
-    state = {n: tvm.runtime.tensor(saved[n], device) for n in manifest["state"]}
+    state = {n: tvm.runtime.tensor(saved[n], device) for n in types}
     batch = manifest["batch"]
     rng, losses, step_ms, order_log = [args.seed], [], [], []
     began = time.perf_counter()
@@ -116,7 +123,7 @@ def run(args) -> int:
             outputs = list(vm["train_step"](
                 *[tvm.runtime.tensor(a[index].reshape(d["shape"]), device)
                   for a, d in zip(data, manifest["data"])],
-                *[state[n] for n in manifest["state"]]))
+                *[state[n] for n in types]))
             step_ms.append(1e3 * (time.perf_counter() - started))
             check_finite({"loss": outputs[0].numpy(),
                           **{n: np.from_dlpack(v)

@@ -14,7 +14,7 @@ from tvm.runtime.vm import VirtualMachine  # the runtime's VM: no compiler neede
 
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts, before they start)
 from pipelines.io import read_json, verified
-from pipelines.runtime.checks import check_batch, check_finite
+from pipelines.runtime.checks import BadBatch, check_batch, check_finite, check_shapes
 
 LIBRARY, SIGNATURE, BUILT = "step.so", "signature.json", "build.json"
 
@@ -78,7 +78,10 @@ class CompiledStep:
     def arguments(self, *data: np.ndarray) -> list:
         if len(data) != len(self.data):
             raise TypeError(f"the step takes {self.data}, got {len(data)} arrays")
-        return ([tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in data]
+        data = [np.ascontiguousarray(a) for a in data]
+        check_shapes(self.signature["data_types"], dict(zip(self.data, data)),
+                     f"step {self.steps + 1}")
+        return ([tvm.runtime.tensor(a, self.device) for a in data]
                 + [self.state[n] for n in self.state_names])
 
     def step(self, *data: np.ndarray) -> float:
@@ -96,12 +99,21 @@ class CompiledStep:
                          for name, value in zip(self.updates, outputs[1:])}}, where,
                      self.in_place)
         for name, value in zip(self.updates, outputs[1:]):
-            self.set_state(name, value)
+            self._keep(name, value)
         self.steps += 1
         return float(outputs[0].numpy())
 
     def set_state(self, name: str, value) -> None:
-        """State entry ``name`` takes ``value`` (a tensor on the step's device)."""
+        """State entry ``name`` takes ``value`` (a tensor on the step's device), which must
+        have its shape and dtype (the built step does not check: runtime/checks.py)."""
+        old = self.state[name]
+        if value.dtype != old.dtype or tuple(value.shape) != tuple(old.shape):
+            raise BadBatch(f"state {name!r}: {value.dtype} {list(value.shape)}; allowed: "
+                           f"{old.dtype} {list(old.shape)}")
+        self._keep(name, value)
+
+    def _keep(self, name: str, value) -> None:
+        """State entry ``name`` takes ``value``, a new value the step gave it."""
         if not self.resident:
             self.state[name] = value
         elif not self.state[name].same_as(value):
