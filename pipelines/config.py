@@ -241,8 +241,9 @@ class Params(Strict):
                              "devices are the others the deploy cases are built for")
         for device in self.package.devices:
             if device != HOST and device not in self.devices:
-                raise ValueError(f"package.devices has {device!r}, which is not built; allowed: "
-                                 f"{[HOST, *self.devices]}")
+                raise ValueError(f"package.devices has {device!r}, which is not built (not in "
+                                 f"devices); allowed: {[HOST, *self.devices]} (override "
+                                 f"package.devices with devices)")
         return self
 
 

@@ -52,7 +52,9 @@ def test_the_ci_lane_is_a_subset_of_the_default_pipeline():
     ("optimizers.sgd.lr=-1", "optimizers.sgd.lr=-1 (from conf/optimizer/sgd.yaml)"),
     ("deploy=[mbv3]", "deploy names 'mbv3'; allowed: ['llama_full'"),
     ("devices=[host]", "devices lists 'host'"),
-    ("devices=[rpi9]", "'rpi9' has no profile; allowed: ['android_sd8g2'"),
+    ("devices=[rpi4,rpi9]", "'rpi9' has no profile; allowed: ['android_sd8g2'"),
+    ("devices=[edge_x86]", "package.devices has 'rpi4', which is not built (not in devices); "
+                           "allowed: ['host', 'edge_x86']"),
     ("sparse@schemes.mbv2_paper=mbv2_papr", "Could not find 'sparse/mbv2_papr'"),
 ])
 def test_bad_config_is_refused_at_compose_naming_key_and_allowed(override, message):

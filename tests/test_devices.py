@@ -287,7 +287,7 @@ def test_native_runner_on_emulated_rpi4_agrees_with_the_python_runner(step, rpi4
     Python runner on the host build, its losses and weights agree to the device tolerance
     (runtime/agreement.py)."""
     from pipelines.runtime.native import build_runner, run_native, save_data, step_directory
-    from pipelines.runtime.package import agreement, python_runner
+    from pipelines.runtime.package import agreement, run_python
     from pipelines.runtime.runners.emulated import check_emulation
 
     profile = load_profile("rpi4", {})
@@ -309,7 +309,7 @@ def test_native_runner_on_emulated_rpi4_agrees_with_the_python_runner(step, rpi4
     device_step = step_directory(directory, step[1], tmp_path / "rpi4")
     log = run_native(runner, device_step, data, native, profile, ("--epochs", "2"))
     host_step = step_directory(host_run[0], step[1], tmp_path / "host")
-    python_runner(host_step, data, python, 2, 600, ("--epochs", "2"))
+    run_python(host_step, data, python, 2, 600, ("--epochs", "2"))
     assert log["steps"] == 6 and log["runner"] == "native"
     assert agreement(native, python, host_step)["matches_python"]
 

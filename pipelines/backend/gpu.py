@@ -14,6 +14,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 
+from pipelines.backend.checked_once import drop_param_checks
 from pipelines.kernels.softmax_nll_gpu import is_softmax_nll_loss, softmax_nll_loss_gpu
 from pipelines.kernels.take_backward_gpu import is_take_backward, take_backward_gpu
 

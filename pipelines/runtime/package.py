@@ -95,7 +95,7 @@ def make_package(device: str, profile, build_dir: Path, initial: dict, about: di
     return image
 
 
-def python_runner(step_dir: Path, data: Path, out: Path, cores: int, timeout_s: float,
+def run_python(step_dir: Path, data: Path, out: Path, cores: int, timeout_s: float,
                   args: tuple[str, ...] = ()) -> dict:
     """The Python runner on ``step_dir`` in a process of its own (its memory is its own); its
     log."""
@@ -113,9 +113,9 @@ def agreement(native: Path, python: Path, step_dir: Path) -> dict:
     """Whether the runners' runs in ``native`` and ``python`` agree: the same batches, losses
     and weights (the weights they started from, in ``step_dir``, tell a flipped ReLU6
     gradient from a wrong update: agreement.compare)."""
-    names = json.loads((step_dir / "runner.json").read_text())["weights"]
-    start = {names[n]: v for n, v in load_file(str(step_dir / "state.safetensors")).items()
-             if n in names}
+    source = json.loads((step_dir / "runner.json").read_text())["weights"]
+    start = {source[n]: v for n, v in load_file(str(step_dir / "state.safetensors")).items()
+             if n in source}
     logs = [json.loads((d / "log.json").read_text()) for d in (native, python)]
     if logs[0]["order"] != logs[1]["order"]:
         raise RuntimeError("the native and the Python runner took different batches")
@@ -163,7 +163,7 @@ def trial(image: dict, profile, runner_dir: Path, build_dir: Path, reference_dir
             except OutOfMemory:
                 return {"verdict": "out_of_memory", **limits}
         reference = step_directory(reference_dir, initial, Path(tmp, "reference"))
-        python_log = python_runner(reference, data, python, limits["cores"], timeout)
+        python_log = run_python(reference, data, python, limits["cores"], timeout)
         native_log = json.loads((native / "log.json").read_text())
         agree = agreement(native, python, reference)
     if not agree["matches_python"]:
