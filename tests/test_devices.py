@@ -56,7 +56,7 @@ def test_every_profile_resolves_to_a_tvm_target():
 
 
 def test_a_board_from_hydra_overrides_only():
-    text = compose_text(["devices=[rpi5]", "+profiles.rpi5.extends=rpi4",
+    text = compose_text(["devices=[rpi5]", "package.devices=[host]", "+profiles.rpi5.extends=rpi4",
                          "+profiles.rpi5.target.mcpu=cortex-a76", "+profiles.rpi5.memory_mb=8192"])
     params = yaml.safe_load(text)
     assert params["devices"] == ["rpi5"]
@@ -122,7 +122,7 @@ def test_bad_profiles_are_named(override, message):
 
 def test_unknown_device_and_host_in_devices_refused_at_compose():
     with pytest.raises(ConfigError, match=r"'rpi9' has no profile; allowed: \['android_sd8g2'"):
-        compose_text(["devices=[rpi9]"])
+        compose_text(["devices=[rpi4,rpi9]"])
     # every case is built for the host: devices are the others
     with pytest.raises(ConfigError, match="devices lists 'host'"):
         compose_text(["devices=[host,rpi4]"])
