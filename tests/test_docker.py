@@ -342,15 +342,3 @@ def test_package_trial_runs_within_the_device_limits(package, host_step):
     arm = load_profile("rpi4", {"rpi4": {"emulation": {"root": "/nonexistent"}}})
     result = trial(run[0], arm, *run[2:], host_step.signature)
     assert result["verdict"] == "not_run" and "arm64 image is built, not run" in result["reason"]
-
-
-@pytest.mark.slow
-def test_package_stage_makes_the_same_image_and_tries_it(client, package, host_step, tmp_path):
-    """package@<case>-<device>'s function: the image (the same ID for the same build and
-    start), tried on ``trial_steps`` seeded batches of the step's shapes."""
-    from pipelines.runtime.package import package as package_case
-
-    metrics = package_case(CASE, "host", load_profile("host", {}), host_step.directory,
-                           host_step.directory, host_step.initial, 2, 0, tmp_path)
-    assert metrics["image"] == package[0]["tag"] and package[0]["tag"] in metrics["run"]
-    assert metrics["trial"]["verdict"] == "ok" and metrics["trial"]["steps"] == 2

@@ -49,6 +49,13 @@ class BadInput(Exception):
     """Exit code 2."""
 
 
+def save_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
+    """``arrays`` as safetensors at ``path``, complete or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(arrays, str(tmp))
+    os.replace(tmp, path)
+
+
 def read_tensors(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise BadInput(f"{path}: not found")
@@ -133,12 +140,12 @@ def run(args) -> int:
             losses.append(float(outputs[0].numpy()))
             order_log.extend(index)
         arrays = {n: v.numpy() for n, v in state.items()}
-        save_file(arrays, str(args.out / "state.safetensors"))  # a checkpoint per epoch
+        save_atomic(arrays, args.out / "state.safetensors")  # a checkpoint per epoch
         print(f"epoch {epoch + 1}/{args.epochs}: mean loss "
               f"{np.mean(losses[-(count // batch):]):.4f}", flush=True)
     seconds = time.perf_counter() - began
-    save_file({source: arrays[n] for n, source in manifest["weights"].items() if n in arrays},
-              str(args.out / "weights.safetensors"))
+    save_atomic({source: arrays[n] for n, source in manifest["weights"].items() if n in arrays},
+                args.out / "weights.safetensors")
     peak = int(next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
                     if line.startswith("VmHWM:"))) * 1024
     log = {"runner": "python", "epochs": args.epochs, "seed": args.seed, "steps": len(losses),
