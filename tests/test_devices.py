@@ -286,8 +286,9 @@ def test_native_runner_on_emulated_rpi4_agrees_with_the_python_runner(step, rpi4
     aarch64 wheels) runs the rpi4 build under qemu, no Python: on the same batches as the
     Python runner on the host build, its losses and weights agree to the device tolerance
     (runtime/agreement.py)."""
-    from pipelines.runtime.native import build_runner, run_native, save_data, step_directory
-    from pipelines.runtime.package import agreement, run_python
+    from pipelines.runtime.native import (build_runner, run_native, run_python, save_data,
+                                          step_directory)
+    from pipelines.runtime.package import agreement
     from pipelines.runtime.runners.emulated import check_emulation
 
     profile = load_profile("rpi4", {})

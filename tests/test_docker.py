@@ -12,7 +12,7 @@ images that ship it (pipelines/runtime/package.py).
 - the packaged image (no Python in it) fine-tunes on a tiny mounted data directory; its losses
   equal the local compiled step's on the same batches (rel 1e-6) and its weights load into the
   PyTorch model and equal the local step's after them (rtol 1e-6, atol 1e-7); the package
-  stage's trial runs it within the device's limits beside the Python runner (in 6 MB; an
+  stage's trial runs it within the device's limits beside the Python runner (in 32 MB; an
   image of a CPU neither run nor emulated here is not run);
 - layers, runner and image IDs are reproducible; a missing engine and unpackageable devices are
   named.
@@ -232,7 +232,7 @@ def test_native_and_python_runners_give_the_same_weights(native, host_step, tmp_
 
     from safetensors.numpy import load_file
 
-    from pipelines.runtime.package import PYTHON_RUNNER
+    from pipelines.runtime.native import PYTHON_RUNNER
 
     data = tmp_path / "data"
     data.mkdir()
@@ -319,7 +319,7 @@ def test_native_runner_stops_at_a_step_that_goes_nan(native, host_step, tmp_path
 @pytest.mark.slow
 def test_package_trial_runs_within_the_device_limits(package, host_step):
     """The stage's trial: the image as shipped fine-tunes within the profile's cores and memory
-    and agrees with the Python runner on the same batches, bit for bit, in 6 MB; a device whose
+    and agrees with the Python runner on the same batches, bit for bit, in 32 MB; a device whose
     CPU this machine neither runs nor emulates is said to be not run."""
     from pipelines.runtime.package import trial
     from pipelines.runtime.step import synthetic_batch
@@ -335,9 +335,10 @@ def test_package_trial_runs_within_the_device_limits(package, host_step):
     assert 0 < native["peak_rss_bytes"] < python["peak_rss_bytes"]
     assert 0 < native["image_bytes"] < python["image_bytes"]
     assert 0 < native["ms_per_step"] < 1000 * native["seconds"]  # within the run
-    # Docker's least memory limit: what the runner holds beyond the files it maps (the
-    # libraries, the data: reclaimable) is the state and the step's memory pools, ~3 MB
-    small = load_profile("edge_x86", {"edge_x86": {"memory_mb": 6}})
+    # 32 MB: the runner's peak RSS is ~19 MB, of which the files it maps (the libraries, the
+    # data) are reclaimable; it has run in Docker's least limit, 6 MB, but not reliably with
+    # the other core busy. The Python runner peaks at ~420 MB.
+    small = load_profile("edge_x86", {"edge_x86": {"memory_mb": 32}})
     assert trial(run[0], small, *run[2:], host_step.signature)["verdict"] == "ok"
     arm = load_profile("rpi4", {"rpi4": {"emulation": {"root": "/nonexistent"}}})
     result = trial(run[0], arm, *run[2:], host_step.signature)

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from importlib.metadata import version
 from pathlib import Path
@@ -27,11 +28,12 @@ from safetensors.numpy import save_file
 from pipelines.io import write_json_atomic
 from pipelines.runtime.device_io import libraries_beside
 from pipelines.runtime.emulation import device_architecture, emulation_root, install_wheels
+from pipelines.runtime.images import CACHE  # its parent: pockengine's cache
 from pipelines.runtime.step import initial_state
 from pipelines.schema import ConfigError
 
 SOURCE = Path(__file__).with_name("native_runner.cc")
-CACHE = Path(os.environ.get("POCKENGINE_CACHE", "~/.cache/pockengine")).expanduser()
+PYTHON_RUNNER = Path(__file__).with_name("python_runner.py")
 RUNTIME = ["libtvm_runtime.so", "libtvm_ffi.so"]  # all the runner and a CPU step need of TVM
 EXIT_CODES = {2: "bad input", 3: "a step's loss or new state is not finite"}
 
@@ -94,9 +96,9 @@ def runtime_libraries(arch: str) -> list[Path]:
     else:
         wheels = {w: version(w) for w in ("apache-tvm", "apache-tvm-ffi")}
         key = hashlib.sha256(json.dumps([arch, wheels]).encode()).hexdigest()[:16]
-        site = CACHE / f"runtime-{arch}-{key}"
+        site = CACHE.parent / f"runtime-{arch}-{key}"
         if not site.exists():
-            with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+            with tempfile.TemporaryDirectory(dir=CACHE.parent) as tmp:
                 install_wheels(arch, Path(tmp) / "site", list(wheels))
                 os.replace(Path(tmp) / "site", site)
         roots = [site / "tvm", site / "tvm_ffi"]
@@ -133,17 +135,30 @@ def build_runner(profile, out: Path) -> Path:
     return out / "runner"
 
 
+def _run(command: list[str], out_dir: Path, cores: int, timeout_s: float) -> dict:
+    """A runner's command on ``cores`` threads; its log in ``out_dir``, or a RuntimeError
+    with its exit code's meaning and its message."""
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                          env=dict(os.environ, TVM_NUM_THREADS=str(cores)))
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:2])} exited with {done.returncode} "
+                           f"({EXIT_CODES.get(done.returncode, 'failed')}): {done.stderr[-2000:]}")
+    return json.loads((out_dir / "log.json").read_text())
+
+
 def run_native(runner: Path, step_dir: Path, data_dir: Path, out_dir: Path, profile=None,
                args: tuple[str, ...] = (), timeout_s: float = 900) -> dict:
     """Run ``runner`` on a step directory and a data directory, writing into ``out_dir``; its
-    log. A foreign architecture's runner runs under the profile's qemu in its emulated root.
-    A run that fails raises RuntimeError with its exit code's meaning and its message."""
+    log. A foreign architecture's runner runs under the profile's qemu in its emulated root."""
     command = [str(runner), str(step_dir), "--data", str(data_dir), "--out", str(out_dir), *args]
-    env = dict(os.environ, TVM_NUM_THREADS=str(profile.cores if profile else os.cpu_count()))
     if profile is not None and device_architecture(profile, "the native runner") != os.uname().machine:
         command = [profile.emulation.qemu, "-L", str(emulation_root(profile)), *command]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"{runner} exited with {done.returncode} "
-                           f"({EXIT_CODES.get(done.returncode, 'failed')}): {done.stderr[-2000:]}")
-    return json.loads((out_dir / "log.json").read_text())
+    return _run(command, out_dir, profile.cores if profile else os.cpu_count(), timeout_s)
+
+
+def run_python(step_dir: Path, data_dir: Path, out_dir: Path, cores: int,
+               timeout_s: float = 900, args: tuple[str, ...] = ()) -> dict:
+    """The Python runner (python_runner.py) on the same command line, in a process of its own
+    (its memory is its own); its log."""
+    return _run([sys.executable, str(PYTHON_RUNNER), str(step_dir), "--data", str(data_dir),
+                 "--out", str(out_dir), *args], out_dir, cores, timeout_s)

@@ -28,10 +28,7 @@ and for both runners time per step, peak memory and what their image holds.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -44,12 +41,11 @@ from pipelines.runtime.agreement import compare
 from pipelines.runtime.emulation import NATIVE_DEBIAN, NATIVE_DROP, emulation_root, root_is_ready
 from pipelines.runtime.images import (OutOfMemory, add_tree, debian_layer, engine, ensure_image,
                                       packageable, run_limited, runs_here, runtime_layers)
-from pipelines.runtime.native import (build_runner, data_manifest, run_native, save_data,
-                                      step_directory)
+from pipelines.runtime.native import (build_runner, data_manifest, run_native, run_python,
+                                      save_data, step_directory)
 from pipelines.runtime.step import synthetic_batch
 
 APP = "/app"
-PYTHON_RUNNER = Path(__file__).with_name("python_runner.py")
 
 
 def data_inputs(signature: dict) -> dict:
@@ -93,20 +89,6 @@ def make_package(device: str, profile, build_dir: Path, initial: dict, about: di
                     f"{image['tag']} --epochs 1")
     write_json_atomic(out_dir / "image.json", {**about, "image": image})
     return image
-
-
-def run_python(step_dir: Path, data: Path, out: Path, cores: int, timeout_s: float,
-                  args: tuple[str, ...] = ()) -> dict:
-    """The Python runner on ``step_dir`` in a process of its own (its memory is its own); its
-    log."""
-    env = dict(os.environ, TVM_NUM_THREADS=str(cores))
-    done = subprocess.run([sys.executable, str(PYTHON_RUNNER), str(step_dir),
-                           "--data", str(data), "--out", str(out), *args], capture_output=True,
-                          text=True, env=env, timeout=timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"the Python runner exited with {done.returncode}: "
-                           f"{done.stderr[-2000:]}")
-    return json.loads((out / "log.json").read_text())
 
 
 def agreement(native: Path, python: Path, step_dir: Path) -> dict:

@@ -20,6 +20,12 @@ def resident_bytes() -> int:
     return _status_kib("VmRSS") * 1024
 
 
+def peak_resident_bytes() -> int:
+    """The process's peak resident memory so far (VmHWM: unlike getrusage's ru_maxrss, not
+    the peak of the process it was forked from)."""
+    return _status_kib("VmHWM") * 1024
+
+
 class PeakRSS:
     """The peak from here on above ``since`` (resident bytes, resident_bytes(); default: the
     resident memory on entering): what was set up between ``since`` and entering counts as it

@@ -22,11 +22,13 @@ import numpy as np
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as pipelines/backend/cpu_schedules.py says why
 import tvm  # noqa: E402
 from safetensors import SafetensorError  # noqa: E402
-from safetensors.numpy import load_file, save_file  # noqa: E402
+from safetensors.numpy import load_file, save  # noqa: E402
 from tvm.runtime.vm import VirtualMachine  # noqa: E402
 
+from pipelines.io import write_json_atomic, write_text_atomic  # noqa: E402
 from pipelines.runtime.checks import (StepError, check_batch, check_finite,  # noqa: E402
                                       check_shapes)
+from pipelines.runtime.peak_memory import peak_resident_bytes  # noqa: E402
 
 MASK = (1 << 64) - 1
 
@@ -51,9 +53,7 @@ class BadInput(Exception):
 
 def save_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
     """``arrays`` as safetensors at ``path``, complete or not at all."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(arrays, str(tmp))
-    os.replace(tmp, path)
+    write_text_atomic(path, save(arrays))
 
 
 def read_tensors(path: Path) -> dict[str, np.ndarray]:
@@ -146,14 +146,10 @@ def run(args) -> int:
     seconds = time.perf_counter() - began
     save_atomic({source: arrays[n] for n, source in manifest["weights"].items() if n in arrays},
                 args.out / "weights.safetensors")
-    peak = int(next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
-                    if line.startswith("VmHWM:"))) * 1024
-    log = {"runner": "python", "epochs": args.epochs, "seed": args.seed, "steps": len(losses),
-           "seconds": seconds, "peak_rss_bytes": peak, "losses": losses, "step_ms": step_ms,
-           "order": order_log}
-    tmp = args.out / ".log.json.tmp"
-    tmp.write_text(json.dumps(log))
-    os.replace(tmp, args.out / "log.json")
+    write_json_atomic(args.out / "log.json", {
+        "runner": "python", "epochs": args.epochs, "seed": args.seed, "steps": len(losses),
+        "seconds": seconds, "peak_rss_bytes": peak_resident_bytes(), "losses": losses,
+        "step_ms": step_ms, "order": order_log})
     print(f"wrote {args.out}/weights.safetensors, state.safetensors and log.json "
           f"({len(losses)} steps)")
     return 0
