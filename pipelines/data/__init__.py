@@ -1,5 +1,6 @@
 """The data a model is trained and timed on (a model's ``data`` section, by ``kind``): scikit-learn's
-digits (real), the standard library's docstrings (real text), the synthetic text task,
+digits (real), the standard library's docstrings (real text) and its source code (a code
+language model's), the synthetic text task,
 synthetic tokens, and the user's files under data/: text, jsonl, csv_file, images
 (docs/data.md).
 
@@ -45,8 +46,8 @@ class Dataset:
     files: list[Path] = field(default_factory=list)
 
 
-KINDS = entries(__name__, ("digits", "sentences", "docstrings", "tokens", "text", "jsonl",
-                           "csv_file", "images"), "kind")
+KINDS = entries(__name__, ("digits", "sentences", "docstrings", "python_sources", "tokens",
+                           "text", "jsonl", "csv_file", "images"), "kind")
 Data = tagged_union(KINDS, "kind")  # a model's data section
 FILE = "data.npz"
 

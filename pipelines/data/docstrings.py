@@ -77,14 +77,20 @@ def split_by_module(files: list[Path], min_words: int, test_fraction: float,
     return parts
 
 
+def check_packages(packages: list[str], key: str) -> None:
+    """A ConfigError naming ``key`` and the library's packages where one of ``packages`` is
+    not among them."""
+    found = sorted(p.name for p in library().iterdir() if (p / "__init__.py").exists())
+    unknown = [p for p in packages if p not in found]
+    if unknown:
+        raise ConfigError(f"params.yaml: {key} has {unknown}, not packages of {library()}; "
+                          f"allowed: {found}")
+
+
 def make(cfg: Config, seed: int, source=None) -> Dataset:
     """The task's splits, tokenized as the sentences kind's ([CLS] text [SEP], padded, longer
     docstrings cut to ``seq_len``), with each [PAD] masked."""
-    found = sorted(p.name for p in library().iterdir() if (p / "__init__.py").exists())
-    unknown = [p for p in cfg.packages if p not in found]
-    if unknown:
-        raise ConfigError(f"params.yaml: data.packages has {unknown}, not packages of "
-                          f"{library()}; allowed: {found}")
+    check_packages(cfg.packages, "data.packages")
     rng = np.random.default_rng(seed)
     texts = {"train": [], "test": []}
     labels = {"train": [], "test": []}

@@ -12,7 +12,8 @@ from pipelines.tasks import TASKS
 
 
 class Pretrain(Strict):
-    """PyTorch pre-training on the data's pretrain split (SGD), before any case fine-tunes."""
+    """PyTorch pre-training on the data's pretrain split (SGD or AdamW at a constant learning
+    rate), before any case fine-tunes."""
 
     epochs: PositiveInt
     batch_size: PositiveInt
@@ -20,8 +21,10 @@ class Pretrain(Strict):
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
     weight_decay: NonNegativeFloat = 0.0
     keep_initial: list[str] = []  # module patterns left at their initial values (a new head)
-    kind: Literal["sgd"] = "sgd"  # read as an optimizer (models/pytorch.py)
+    kind: Literal["sgd", "adamw"] = "sgd"  # read as an optimizer (models/pytorch.py)
     nesterov: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW's
+    eps: PositiveFloat = 1e-8
 
 
 class Finetune(Strict):

@@ -7,6 +7,7 @@ Written as safetensors under the source's own names (``weights.safetensors``).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,10 @@ import torch
 
 from pipelines.data import split
 from pipelines.frontends import load_module
-from pipelines.models.pytorch import (accuracy, batches, make_optimizer, one_thread,
-                                         seed_everything, train_step)
+from pipelines.models.pytorch import (batches, make_optimizer, one_thread, score,
+                                      seed_everything, train_step)
 from pipelines.patterns import module_matcher
+from pipelines.progress import progress
 
 FILE = "weights.safetensors"
 
@@ -38,12 +40,17 @@ def initial_weights(model, data: dict | None, seed: int) -> tuple[dict, dict]:
     optimizer = make_optimizer(module.train(), cfg)
     losses = []
     for epoch in range(cfg.epochs):
-        losses = [train_step(module, optimizer, *(a[i] for a in xs), y[i])
-                  for i in batches(len(y), cfg.batch_size, seed, epoch)]
+        order = list(batches(len(y), cfg.batch_size, seed, epoch))
+        losses = [train_step(module, optimizer, *(a[i] for a in xs), y[i], task=model.task)
+                  for i in progress(order, f"pretrain epoch {epoch + 1}/{cfg.epochs}")]
         print(f"pretrain epoch {epoch}: loss {np.mean(losses):.4f}", flush=True)
     test_xs, test_y = split(data, "pretrain_test", inputs)
-    metrics = {"pretrain_test_accuracy": accuracy(module, test_xs, test_y),
-               "pretrain_final_loss": float(np.mean(losses))}
+    held_out = score(module, test_xs, test_y, model.task)  # accuracy, or the held-out loss
+    metrics = {"pretrain_final_loss": float(np.mean(losses))}
+    if model.task == "classification":
+        metrics["pretrain_test_accuracy"] = held_out
+    else:  # a language model: its loss on the held-out files, and its perplexity
+        metrics |= {"pretrain_test_loss": held_out, "pretrain_test_perplexity": math.exp(held_out)}
     return {**module.state_dict(), **initial}, metrics
 
 
