@@ -69,7 +69,8 @@ def make(cfg: Config, seed: int, source=None) -> dict[str, np.ndarray]:
             splits[f"{part}_{name}_x"] = images[idx]
             splits[f"{part}_{name}_y"] = labels[idx]
     if cfg.shift:
-        moves = [(dy, dx) for dy in (-cfg.shift, 0, cfg.shift) for dx in (-cfg.shift, 0, cfg.shift)]
+        steps = (-cfg.shift, 0, cfg.shift)
+        moves = [(dy, dx) for dy in steps for dx in steps]
         x = splits["finetune_train_x"]
         splits["finetune_train_x"] = np.concatenate([shifted(x, dy, dx, BACKGROUND)
                                                      for dy, dx in moves])

@@ -38,7 +38,7 @@ class Config(Strict):
     seq_len: PositiveInt
     vocab_size: PositiveInt  # the trained tokenizer's (at most the model's vocabulary)
     held_out: float = Field(0.1, gt=0, lt=1)  # the share of each part's files scored
-    max_rows: PositiveInt | None = None  # at most this many training rows a part (the first)
+    max_rows: PositiveInt | None = None  # at most this many training rows a part
 
 
 def make(cfg: Config, seed: int, source) -> Dataset:
@@ -57,7 +57,8 @@ def make(cfg: Config, seed: int, source) -> Dataset:
         texts = [f.read_text(encoding="utf-8") for f in files]
         train, test = held_out(len(files), cfg.held_out, seed, "files",
                                f"{KEY}.{part}_packages")
-        train = np.random.default_rng([seed, len(files)]).permutation(train)  # max_rows: a sample
+        # in a seeded order, so that max_rows keeps a sample of the files
+        train = np.random.default_rng([seed, len(files)]).permutation(train)
         parts[part] = {"train": [texts[i] for i in train], "test": [texts[i] for i in test]}
         read += files
     tokenizer = tokenizer_for(source, parts["pretrain"]["train"], cfg.vocab_size, KEY)

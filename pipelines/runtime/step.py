@@ -137,9 +137,15 @@ class CompiledStep:
 
     def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
         """Copy the step's weights and running statistics into ``model``. Only batch-norm
-        ``num_batches_tracked`` counters are not carried (a fixed momentum never reads them)."""
+        ``num_batches_tracked`` counters are not carried (a fixed momentum never reads them),
+        and a tied parameter's other names (a head tied to the embeddings: the step holds it
+        under one)."""
         state = self.state_dict()
-        untracked = [k for k in model.state_dict() if k not in state
+        names: dict[int, set[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(param), set()).add(name)
+        tied = {alias for same in names.values() if same & state.keys() for alias in same}
+        untracked = [k for k in model.state_dict() if k not in state and k not in tied
                      and not k.endswith("num_batches_tracked")]
         if untracked:
             raise KeyError(f"compiled step holds no value for {untracked}")
