@@ -1,7 +1,8 @@
 """The report (pipelines/report/render.py): each committed `pock gpu bench` run rendered as a
 table, a case that failed on the GPU said so with its error, nothing dropped; each package's
-trial with both runners' figures, or why it did not run."""
-from pipelines.report.render import device_table, gpu_tables
+trial with both runners' figures, or why it did not run; a fine-tuned case's held-out score as
+its task reads it."""
+from pipelines.report.render import case_table, device_table, gpu_tables
 
 
 def _timed(ms: float) -> dict:
@@ -45,3 +46,22 @@ def test_packages_show_both_runners_or_why_they_did_not_run():
     (jetson,) = [line for line in lines if line.startswith("| mbv2-jetson")]
     assert "| no qemu |" in jetson
     assert not [line for line in lines if line.startswith("| mbv2-host")]
+
+
+def test_a_case_is_read_by_accuracy_or_a_language_model_by_perplexity():
+    cost = {"trainable_fraction": 0.3, "backward_flops_vs_full": 0.4}
+    plan = {"planned_peak_bytes": 2**20}
+    tuned = {"classifier": {"accuracy_before": 0.1, "accuracy_compiled": 0.9,
+                            "accuracy_pytorch": 0.89},
+             "lm": {"held_out_loss_before": 4.5, "held_out_loss_compiled": 3.5,
+                    "held_out_loss_pytorch": 3.5, "perplexity_before": 90.0,
+                    "perplexity_compiled": 33.1, "perplexity_pytorch": 33.2},
+             "timed": None}
+    found = {"evaluate": {name: {"cost": cost, "plan": plan, "finetune": finetune}
+                          for name, finetune in tuned.items()}}
+    cases = {name: {"scheme": "full"} for name in tuned}
+    lines = case_table("m", list(tuned), cases, found)
+    row = {line.split(" |")[0][2:]: line for line in lines if line.startswith("| ")}
+    assert row["classifier"].endswith("| 0.100, 0.900, 0.890 |")
+    assert row["lm"].endswith("| 90.000, 33.100, 33.200 (perplexity) |")
+    assert row["timed"].endswith("| 1.00 MiB |  |")

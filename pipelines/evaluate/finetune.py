@@ -159,8 +159,8 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     held_out = {f"{METRIC[task]}_before": curve[0]["compiled"],
                 **{f"{METRIC[task]}_{side}": curve[-1][side] for side in ("compiled", "pytorch")}}
     if task in ("causal_lm", "masked_lm"):  # a language model is read by its perplexity
-        held_out |= {f"perplexity_{side}": math.exp(curve[-1][side])
-                     for side in ("compiled", "pytorch")}
+        held_out |= {f"perplexity_{side}": math.exp(held_out[f"{METRIC[task]}_{side}"])
+                     for side in ("before", "compiled", "pytorch")}
     metrics = {
         "steps": len(losses), "epochs": epochs, **held_out,
         "final_epoch_loss_compiled": float(np.mean([r["compiled"] for r in last])),

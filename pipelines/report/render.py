@@ -48,7 +48,7 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
              "| case | scheme | optimize | trainable | backward FLOPs vs full | ms/step | per s | "
              + "".join(f"vs {peer} | " for peer in PEERS.values())
              + "peak memory vs eager full | planned peak "
-             "| held-out accuracy (or loss): before, compiled, PyTorch |",
+             "| held-out accuracy (or perplexity, or loss): before, compiled, PyTorch |",
              "|---" * (10 + len(PEERS)) + "|"]
     for name in names:
         row, case = found["evaluate"][name], cases[name]
@@ -65,10 +65,13 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
                       + _x(speed.get("memory_vs_torch_eager_full")))
         else:
             timing = " | " * (len(PEERS) + 2)
-        metric = "accuracy" if tuned and "accuracy_before" in tuned else "held_out_loss"
+        # a classifier's accuracy, a language model's perplexity, else the held-out loss
+        metric = next((m for m in ("accuracy", "perplexity", "held_out_loss")
+                       if tuned and f"{m}_before" in tuned), None)
         accuracy = (f"{tuned[f'{metric}_before']:.3f}, {tuned[f'{metric}_compiled']:.3f}, "
-                    f"{tuned[f'{metric}_pytorch']:.3f}" + ("" if metric == "accuracy" else " (loss)")
-                    if tuned else "")
+                    f"{tuned[f'{metric}_pytorch']:.3f}"
+                    + {"accuracy": "", "perplexity": " (perplexity)"}.get(metric, " (loss)")
+                    if metric else "")
         cost = row["cost"]
         lines.append(f"| {name} | {case['scheme']} | {variant} | {cost['trainable_fraction']:.2%} "
                      f"| {cost['backward_flops_vs_full']:.3f} | {timing} | "
