@@ -23,7 +23,7 @@ from pipelines.frontends.twin import step_batch, torch_twin
 from pipelines.models.pytorch import (accumulated_step, batches, make_optimizer, one_thread,
                                       score)
 from pipelines.models.torch_lora import adapter_state, merged_state
-from pipelines.progress import progress
+from pipelines.progress import progress, throughput_unit
 from pipelines.runtime.step import CompiledStep, selection_of
 from pipelines.schema import ConfigError
 
@@ -176,13 +176,6 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
         check_export(model, signature, initial, export, test_xs, test_y,
                      curve[-1]["compiled"], name)
     return Finetuned(metrics, losses, curve, compiled, weights, optimizer_state, export)
-
-
-def throughput_unit(x: np.ndarray, batch: int) -> tuple[str, int]:
-    """What the progress bar counts a step in: tokens (token ids), images, or examples."""
-    if np.issubdtype(x.dtype, np.integer) and x.ndim == 2:
-        return "tok", batch * x.shape[1]
-    return ("img" if x.ndim == 4 else "ex"), batch
 
 
 def check_first_losses(name: str, compiled: list[float], pytorch: list[float]) -> None:

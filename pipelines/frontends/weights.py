@@ -18,7 +18,7 @@ from pipelines.frontends import load_module
 from pipelines.models.pytorch import (batches, make_optimizer, one_thread, score,
                                       seed_everything, train_step)
 from pipelines.patterns import module_matcher
-from pipelines.progress import progress
+from pipelines.progress import progress, throughput_unit
 
 FILE = "weights.safetensors"
 
@@ -39,10 +39,12 @@ def initial_weights(model, data: dict | None, seed: int) -> tuple[dict, dict]:
     xs, y = split(data, "pretrain_train", inputs)
     optimizer = make_optimizer(module.train(), cfg)
     losses = []
+    unit, scale = throughput_unit(xs[0], cfg.batch_size)
     for epoch in range(cfg.epochs):
         order = list(batches(len(y), cfg.batch_size, seed, epoch))
         losses = [train_step(module, optimizer, *(a[i] for a in xs), y[i], task=model.task)
-                  for i in progress(order, f"pretrain epoch {epoch + 1}/{cfg.epochs}")]
+                  for i in progress(order, f"pretrain epoch {epoch + 1}/{cfg.epochs}", unit=unit,
+                                    scale=scale)]
         print(f"pretrain epoch {epoch}: loss {np.mean(losses):.4f}", flush=True)
     test_xs, test_y = split(data, "pretrain_test", inputs)
     held_out = score(module, test_xs, test_y, model.task)  # accuracy, or the held-out loss
