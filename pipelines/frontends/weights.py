@@ -51,8 +51,10 @@ def initial_weights(model, data: dict | None, seed: int) -> tuple[dict, dict]:
     metrics = {"pretrain_final_loss": float(np.mean(losses))}
     if model.task == "classification":
         metrics["pretrain_test_accuracy"] = held_out
-    else:  # a language model: its loss on the held-out files, and its perplexity
-        metrics |= {"pretrain_test_loss": held_out, "pretrain_test_perplexity": math.exp(held_out)}
+    else:
+        metrics["pretrain_test_loss"] = held_out
+    if model.task in ("causal_lm", "masked_lm"):  # a language model is read by its perplexity
+        metrics["pretrain_test_perplexity"] = math.exp(held_out)
     return {**module.state_dict(), **initial}, metrics
 
 
