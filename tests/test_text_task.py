@@ -93,7 +93,7 @@ def test_a_small_lora_run_fine_tunes_beside_pytorch_and_checks_its_export(tiny_t
 
     case = tiny_task.cases["minilm_lora"]
     model, optimizer = tiny_task.models[case.model], case_optimizer(tiny_task, case)
-    assert (optimizer.kind, optimizer.lr) == ("adamw", 1e-3)
+    assert (optimizer.kind, optimizer.lr) == ("adamw", 2e-3)
     lora = tiny_task.schemes[case.scheme].lora.model_copy(update={"export": export})
     compiled = build_case(tiny_task, "minilm_lora", optimizer=optimizer)
     # Two layers x query and value x (A, B) at rank 8 on 384 features, plus the 2-class head.
