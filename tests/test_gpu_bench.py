@@ -31,7 +31,7 @@ TINY = [f"+models.smollm.config.{k}={v}" for k, v in
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
          "vocab_size": 256}.items()] + ["models.smollm.dims.sequence=16"]
 ONLY_LORA = ["~cases.mbv2_full", "~cases.mbv2_paper", "~cases.smollm_full",
-             "~cases.smollm_paper"]
+             "~cases.smollm_paper", "~cases.qwen_paper", "~cases.qwen_lora", "~cases.qwen_full"]
 
 
 def _pock(*args, env=None):
