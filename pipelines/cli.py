@@ -258,7 +258,7 @@ def cmd_gpu_bundle(args) -> int:
 
 def cmd_gpu_bench(args) -> int:
     from pipelines.gpu import bench
-    from pipelines.io import write_json_atomic
+    from pipelines.io import read_json, write_json_atomic
 
     from pipelines.peers import PEERS
 
@@ -266,8 +266,10 @@ def cmd_gpu_bench(args) -> int:
     if unknown:
         raise ConfigError(f"--peers: no peer {unknown}; allowed: {sorted(PEERS)}")
     timing = {k: getattr(args, k) for k in ("warmup", "steps", "rounds", "min_seconds", "cores",
-                                            "case_seconds", "peers")}
-    bench(args.bundle, timing, args.case, lambda results: write_json_atomic(args.out, results))
+                                            "case_seconds", "peers", "runner_steps")}
+    earlier = read_json(args.out) if args.add and args.out.exists() else {}
+    bench(args.bundle, timing, args.case,
+          lambda results: write_json_atomic(args.out, {**earlier, **results}))
     print(f"wrote {args.out}")
     return EXIT_OK
 
@@ -297,6 +299,8 @@ def _gpu_parser(sub) -> None:
     q.add_argument("bundle", type=Path)
     q.add_argument("out", type=Path, help="the metrics (JSON), written as each phase ends")
     q.add_argument("--case", action="append", help="only this case (repeatable, in order)")
+    q.add_argument("--add", action="store_true",
+                   help="keep the cases OUT holds and add these (a run in parts)")
     q.add_argument("--warmup", type=int, default=3)
     q.add_argument("--steps", type=int, default=10)
     q.add_argument("--rounds", type=int, default=2)
@@ -305,6 +309,9 @@ def _gpu_parser(sub) -> None:
     q.add_argument("--peers", type=lambda text: text.split(","), metavar="PEER,...",
                    help="time these peers (pipelines/peers) beside every case instead of each "
                         "case's own (a peer that cannot do a case says why)")
+    q.add_argument("--runner-steps", type=int, default=20,
+                   help="steps of each speed build by the native and the Python runner, their "
+                        "weights compared (0: not run)")
     q.add_argument("--case-seconds", type=float, default=600.0,
                    help="a case still running after this long is stopped and recorded")
     q.set_defaults(func=cmd_gpu_bench)

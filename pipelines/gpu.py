@@ -8,7 +8,10 @@ same GPU, in one run (`pock gpu bundle`, `pock gpu bench`):
   process): PyTorch eager full backpropagation, and for a sparse case eager with the same
   parameters frozen (and PEFT for a LoRA case), for a full one ``torch.compile``; ms per step,
   examples or tokens per second, the GPU memory each holds above its CUDA context, GFLOP/s
-  against cuBLAS's float32 matrix product measured in the same run.
+  against cuBLAS's float32 matrix product measured in the same run;
+- runners (``runner_steps`` > 0): the speed build fine-tuned by the native runner (C++, TVM's
+  runtime library only: what a device ships) and by the Python runner, the same steps on the
+  same seeded batches: their weights compared, their step times and memory.
 
 A step built for the CPU runs the same way on the CPU (how the tests check this module).
 """
@@ -20,7 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.evaluate.gpu_bundle import CASES, initial_values, seeded_batches
+import numpy as np
+
+from pipelines.evaluate.gpu_bundle import CASES, RUNNER, initial_values, seeded_batches
 from pipelines.io import read_json, save_arrays
 from pipelines.schema import ConfigError
 
@@ -55,7 +60,10 @@ def bench_case(bundle: Path, case: dict, timing: dict, device: str, scratch: Pat
     the peers; either one that fails is recorded with its error, and the other still runs.
     ``scratch``: a directory for the batch the speed processes read. ``done()`` after each."""
     result["scheme"] = case["scheme"]
-    for role, run in (("parity", _parity), ("speed", _speed)):
+    roles = [("parity", _parity), ("speed", _speed)]
+    if timing.get("runner_steps"):
+        roles.append(("runners", _runners))
+    for role, run in roles:
         start = time.perf_counter()
         try:
             result[role] = run(bundle, case, timing, device, scratch)
@@ -105,14 +113,82 @@ def _speed(bundle: Path, case: dict, timing: dict, device: str, scratch: Path) -
     return {**speed, "planned_peak_bytes": read_json(build / "plan.json")["planned_peak_bytes"]}
 
 
+def _runners(bundle: Path, case: dict, timing: dict, device: str, scratch: Path) -> dict:
+    """The speed build fine-tuned by the bundle's native runner and by the Python runner,
+    each in its own process, ``timing["runner_steps"]`` steps on the same seeded batches:
+    whether their weights are equal, and each one's median ms per step after the first 3, its
+    peak resident memory and on a GPU the device memory it held."""
+    from safetensors.numpy import load_file
+
+    from pipelines.runtime import native
+
+    runner = bundle / RUNNER / "runner"
+    if not runner.exists():
+        raise FileNotFoundError(f"{runner}: the bundle holds no native runner")
+    build, _, _, signature, initial, _ = _loaded(bundle, case, "speed")
+    steps = timing["runner_steps"]
+    step_dir = native.step_directory(build, initial, scratch / "step")
+    data = scratch / "data"
+    data.mkdir()
+    batches = seeded_batches(signature, case["seed"] + 1, steps)
+    native.save_data(data / "train.safetensors", signature,
+                     tuple(np.concatenate(arrays) for arrays in zip(*batches)))
+    if device == "cuda":  # the CUDA runtime PyTorch loaded, for TVM's CUDA runtime to find
+        _put_cuda_runtime_on_library_path()
+    logs, weights = {}, {}
+    for name in ("native", "python"):
+        out = scratch / name
+        out.mkdir()
+        args = ("--steps", str(steps))
+        logs[name] = (native.run_native(runner, step_dir, data, out, args=args,
+                                        cores=timing["cores"])
+                      if name == "native" else
+                      native.run_python(step_dir, data, out, timing["cores"], args=args))
+        weights[name] = load_file(str(out / "weights.safetensors"))
+    got, want = weights["native"], weights["python"]
+    same_names = sorted(got) == sorted(want)
+    result = {"steps": steps, "device": logs["native"].get("device"),
+              "losses_equal": np.array_equal(*(np.float32(log["losses"]) for log in logs.values())),
+              "weights_bit_identical": same_names and all(
+                  np.array_equal(got[n], want[n]) for n in want),
+              "weights_max_abs_difference": max(
+                  float(np.max(np.abs(got[n].astype("float64") - want[n]), initial=0))
+                  for n in want) if same_names else None}
+    for name, log in logs.items():
+        result[name] = {"ms_per_step": float(np.median(log["step_ms"][3:] or log["step_ms"])),
+                        "peak_rss_bytes": log["peak_rss_bytes"],
+                        "device_held_bytes": log.get("device_held_bytes"),
+                        "first_loss": log["losses"][0], "last_loss": log["losses"][-1]}
+    result["native_speedup_vs_python"] = (result["python"]["ms_per_step"]
+                                          / result["native"]["ms_per_step"])
+    return result
+
+
+def _put_cuda_runtime_on_library_path() -> None:
+    """The directory of the CUDA runtime (libcudart) this process loaded, first on
+    LD_LIBRARY_PATH for the runners it starts: a GPU host's CUDA runtime is often PyTorch's own
+    (a pip package), which the system's loader does not know."""
+    import os
+
+    import torch
+
+    torch.zeros(1, device="cuda")  # loads it
+    maps = Path("/proc/self/maps").read_text().split()
+    found = sorted({Path(p).parent for p in maps if Path(p).name.startswith("libcudart.so")})
+    if found:
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [str(found[0]), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])
+
+
 def build_bundle(out: Path, overrides: list[str], profile_name: str = "nvidia_hopper",
                  python: str = "3.12", parity_layers: int = 2,
                  unchained: tuple[str, ...] = ("mbv2",), runtime: bool = True) -> dict:
     """``experiment=gpu``'s cases (with Hydra ``overrides``) compiled through the one chain
     for ``profile_name`` into the bundle ``out`` (evaluate/gpu_bundle.py: a speed build, a
     parity build of a transformers model's first ``parity_layers`` layers; the steps of
-    ``unchained`` models each checked from the initial state), with TVM's runtime and the
-    wheels for CPython ``python`` unless not ``runtime``; replaced in one rename. Its cases."""
+    ``unchained`` models each checked from the initial state), the native runner, and TVM's
+    runtime and the wheels for CPython ``python`` unless not ``runtime``; replaced in one
+    rename. Its cases."""
     import yaml
 
     from pipelines.compile import compile, import_and_lower
@@ -121,6 +197,7 @@ def build_bundle(out: Path, overrides: list[str], profile_name: str = "nvidia_ho
     from pipelines.evaluate import gpu_bundle
     from pipelines.io import atomic_dir, write_json_atomic
     from pipelines.profiles import load_profile
+    from pipelines.runtime.native import build_runner
 
     params = validate(yaml.safe_load(compose_text(["experiment=gpu", *overrides])))
     profile = load_profile(profile_name, params.profiles)
@@ -154,6 +231,7 @@ def build_bundle(out: Path, overrides: list[str], profile_name: str = "nvidia_ho
                            "parity_chained": spec.model not in unchained,
                            "report": report, "builds": builds, "models": models}
         write_json_atomic(bundle / CASES, cases)
+        build_runner(profile, bundle / RUNNER)
         if runtime:
             gpu_bundle.copy_runtime(bundle)
             gpu_bundle.download_wheels(bundle, python)
@@ -196,16 +274,17 @@ def run_case(bundle: Path, case: dict, timing: dict, device: str, seconds: float
                              args=(bundle, case, timing, device, scratch, channel))
     worker.start()
     result, deadline = {"scheme": case["scheme"]}, time.monotonic() + seconds
+    roles = ("parity", "speed", *(("runners",) if timing.get("runner_steps") else ()))
     while True:
         try:
             result = channel.get(timeout=1.0)
             done(result)
-            if "speed" in result:
+            if roles[-1] in result:
                 break
         except queues.Empty:
             if not worker.is_alive() or time.monotonic() > deadline:
                 stopped = "timed out" if worker.is_alive() else f"exit {worker.exitcode}"
-                for role in ("parity", "speed"):
+                for role in roles:
                     result.setdefault(role, {"error": f"{stopped} after {seconds:g} s"
                                              if stopped == "timed out" else stopped})
                 break
@@ -254,4 +333,11 @@ def summary(name: str, result: dict) -> str:
         said.append(f"{speed['compiled']['median_ms']:.2f} ms/step")
         said += [f"{k.removeprefix('speedup_vs_')} {v:.2f}x" for k, v in speed.items()
                  if k.startswith("speedup_vs_")]
+    runners = result.get("runners")
+    if runners and "error" in runners:
+        said.append(f"runners FAILED ({runners['error']})")
+    elif runners:
+        said.append(f"native runner {runners['native']['ms_per_step']:.2f} ms/step "
+                    f"({runners['native_speedup_vs_python']:.2f}x the Python runner), weights "
+                    f"{'bit-identical' if runners['weights_bit_identical'] else 'DIFFER'}")
     return f"{name}: " + "; ".join(said)

@@ -6,7 +6,8 @@
 - `pock gpu bench` runs the bundle with TVM's runtime library alone (``TVM_USE_RUNTIME_LIB=1``,
   as on a GPU host without the compiler): the compiled step matches PyTorch over three chained
   steps (losses 1e-4 relative, every tensor rtol 1e-4, frozen weights bit-identical, the same
-  set trained), and is timed beside its peers, with the metrics a GPU run writes;
+  set trained), and is timed beside its peers, with the metrics a GPU run writes; the bundle's
+  native runner and the Python runner give the same weights;
 - the nvidia_hopper profile builds a causal LM's step with nvcc for sm_90, the embedding's
   gradient (take_backward) and the fused cross-entropy by their own GPU kernels
   (pipelines/kernels/take_backward_gpu.py, softmax_nll_gpu.py), and
@@ -63,7 +64,8 @@ def test_bundle_holds_a_speed_and_a_parity_build_per_case(bundle):
 def test_bench_runs_the_bundle_on_tvms_runtime_alone(bundle, tmp_path):
     out = tmp_path / "gpu.json"
     _pock("bench", str(bundle), str(out), "--steps", "2", "--rounds", "1", "--min-seconds", "0",
-          "--warmup", "1", "--cores", "1", env={"TVM_USE_RUNTIME_LIB": "1"})
+          "--warmup", "1", "--cores", "1", "--runner-steps", "4",
+          env={"TVM_USE_RUNTIME_LIB": "1"})
     result = json.loads(out.read_text())
     assert result["machine"]["device"] == "cpu"  # no GPU here: the CPU build ran
     parity = result["smollm_lora"]["parity"]
@@ -74,6 +76,12 @@ def test_bench_runs_the_bundle_on_tvms_runtime_alone(bundle, tmp_path):
     assert set(speed) >= {"compiled", "torch_eager_full", "torch_eager_frozen",
                           "speedup_vs_torch_eager_full", "sgemm_peak_gflop_per_s"}
     assert speed["compiled"]["tokens_per_s"] > 0
+    # the bundle's native runner and the Python runner: the same steps, the same weights
+    runners = result["smollm_lora"]["runners"]
+    assert runners["steps"] == 4 and runners["device"] == "cpu", runners
+    assert runners["losses_equal"] and runners["weights_bit_identical"], runners
+    assert runners["weights_max_abs_difference"] == 0
+    assert 0 < runners["native"]["peak_rss_bytes"] < runners["python"]["peak_rss_bytes"]
 
 
 def test_hopper_build_compiles_a_causal_lm_with_nvcc(tmp_path):

@@ -10,6 +10,8 @@ them (pipelines/gpu.py). A GPU host, like a device, carries no compiler and no p
     cases/<case>/<build>/extra.safetensors
                              initial values the model's own seeded initialisation does not
                              make (LoRA adapters); the weights are made there, never shipped
+    runner/                  the native runner (runtime/native_runner.cc) built for the GPU
+                             host's CPU, with TVM's runtime libraries (CUDA's too) beside it
     runtime/tvm/             TVM's Python package with its runtime libraries only (no
                              libtvm_compiler.so): ``TVM_USE_RUNTIME_LIB=1``
     wheels/                  apache-tvm-ffi, pydantic and peft for the GPU host's Python
@@ -26,7 +28,7 @@ import numpy as np
 
 CASES = "cases.json"
 EXTRA = "extra.safetensors"
-RUNTIME, WHEELS = "runtime", "wheels"
+RUNNER, RUNTIME, WHEELS = "runner", "runtime", "wheels"
 # What TVM's package holds for compiling, not running: the compiler library, sources, headers.
 COMPILER_ONLY = ("3rdparty", "src", "include", "lib64", "libtvm_compiler.so", "__pycache__")
 # What the step's runner and the PEFT peer import that a PyTorch image with transformers lacks.

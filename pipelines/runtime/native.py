@@ -5,7 +5,7 @@ device's architecture (from the apache-tvm and apache-tvm-ffi wheels of the vers
 here); a foreign one runs under qemu in the emulated device's root.
 
 What it runs is a step directory (``step_directory``): the build's step.so and the libraries
-beside it, runner.json (the step's data inputs, state, updates and the source's names) and
+beside it, runner.json (the step's device, data inputs, state, updates and the source's names) and
 state.safetensors (the start: weights, and the optimizer state at zero). Data goes in as
 train.safetensors, one tensor per data input of the step; weights come out as safetensors.
 CompiledStep (step.py) stays the runner of development and tests; both give the same weights.
@@ -35,6 +35,7 @@ from pipelines.schema import ConfigError
 SOURCE = Path(__file__).with_name("native_runner.cc")
 PYTHON_RUNNER = Path(__file__).with_name("python_runner.py")
 RUNTIME = ["libtvm_runtime.so", "libtvm_ffi.so"]  # all the runner and a CPU step need of TVM
+CUDA_RUNTIME = "libtvm_runtime_cuda.so"  # and a GPU step (it links the CUDA runtime)
 EXIT_CODES = {2: "bad input", 3: "a step's loss or new state is not finite"}
 
 
@@ -50,12 +51,15 @@ def data_manifest(signature: dict) -> dict:
                      for n, t in zip(signature["data"], types)]}
 
 
-def manifest(signature: dict, state: dict[str, np.ndarray]) -> dict:
-    """runner.json: what the runner needs of the step's signature, and the dtype and shape of
-    each entry of its ``state``, which the runners check once, as the data (the built step
-    does not: backend/checked_once.py)."""
+def manifest(signature: dict, state: dict[str, np.ndarray], built: dict) -> dict:
+    """runner.json: the step's device and whether its state must stay in the tensors it
+    captured (``built``: its build.json), what the runner needs of the step's signature, and
+    the dtype and shape of each entry of its ``state``, which the runners check once, as the
+    data (the built step does not: backend/checked_once.py)."""
     labels = signature.get("labels") or {}
-    return {**data_manifest(signature),
+    return {"device": "cuda" if json.loads(built["target"])["kind"] == "cuda" else "cpu",
+            "resident": bool(built.get("cuda_graph")),
+            **data_manifest(signature),
             "labels": ({"name": "labels", **labels}
                        if labels.get("classes") and "labels" in signature["data"] else None),
             "state": [{"name": n, "dtype": str(state[n].dtype), "shape": list(state[n].shape)}
@@ -68,11 +72,12 @@ def step_directory(build_dir: Path, initial: dict[str, np.ndarray], out: Path) -
     """``out`` as the runner's step directory for the build in ``build_dir`` starting from
     ``initial`` (parameters and buffers by the step's names)."""
     signature = json.loads((Path(build_dir) / "signature.json").read_text())
+    built = json.loads((Path(build_dir) / "build.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     for library in [Path(build_dir) / "step.so", *libraries_beside(Path(build_dir) / "step.so")]:
         shutil.copyfile(library, out / library.name)
     state = initial_state(signature, initial)
-    write_json_atomic(out / "runner.json", manifest(signature, state))
+    write_json_atomic(out / "runner.json", manifest(signature, state, built))
     save_file(state, str(out / "state.safetensors"))
     return out
 
@@ -85,9 +90,10 @@ def save_data(path: Path, signature: dict, arrays: tuple[np.ndarray, ...]) -> No
         -1, *shapes[name]["example"]) for name, a in zip(signature["data"], arrays)}, str(path))
 
 
-def runtime_libraries(arch: str) -> list[Path]:
-    """libtvm_runtime.so and libtvm_ffi.so for ``arch``: the installed ones for this machine's,
-    else from the device's wheels (cached under ~/.cache/pockengine)."""
+def runtime_libraries(arch: str, cuda: bool = False) -> list[Path]:
+    """libtvm_runtime.so and libtvm_ffi.so for ``arch`` (and TVM's CUDA runtime where
+    ``cuda``): the installed ones for this machine's, else from the device's wheels (cached
+    under ~/.cache/pockengine)."""
     if arch == os.uname().machine:
         import tvm
         import tvm_ffi
@@ -102,15 +108,17 @@ def runtime_libraries(arch: str) -> list[Path]:
                 install_wheels(arch, Path(tmp) / "site", list(wheels))
                 os.replace(Path(tmp) / "site", site)
         roots = [site / "tvm", site / "tvm_ffi"]
-    found = {p.name: p for root in roots for p in (root / "lib").glob("*.so") if p.name in RUNTIME}
-    if set(found) != set(RUNTIME):
-        raise RuntimeError(f"TVM's runtime libraries for {arch}: found {sorted(found)} of {RUNTIME}")
-    return [found[name] for name in RUNTIME]
+    wanted = RUNTIME + [CUDA_RUNTIME] * cuda
+    found = {p.name: p for root in roots for p in (root / "lib").glob("*.so") if p.name in wanted}
+    if set(found) != set(wanted):
+        raise RuntimeError(f"TVM's runtime libraries for {arch}: found {sorted(found)} of {wanted}")
+    return [found[name] for name in wanted]
 
 
 def build_runner(profile, out: Path) -> Path:
     """The runner for ``profile``'s CPU in ``out`` (``out/runner``), with TVM's runtime
-    libraries beside it (found there through its rpath, $ORIGIN). Reproducible: the same source,
+    libraries beside it (found there through its rpath, $ORIGIN; for a GPU profile, TVM's CUDA
+    runtime too, which the runner loads for a GPU step). Reproducible: the same source,
     compiler and libraries give the same bytes."""
     import tvm_ffi
 
@@ -122,7 +130,7 @@ def build_runner(profile, out: Path) -> Path:
                           f"install the Debian package {profile.toolchain.package or 'g++'} "
                           "(`pock setup` does)")
     out.mkdir(parents=True, exist_ok=True)
-    libraries = runtime_libraries(arch)
+    libraries = runtime_libraries(arch, cuda=profile.target["kind"] == "cuda")
     for library in libraries:
         shutil.copyfile(library, out / library.name)
     include = Path(tvm_ffi.__file__).parent / "include"
@@ -147,13 +155,16 @@ def _run(command: list[str], out_dir: Path, cores: int, timeout_s: float) -> dic
 
 
 def run_native(runner: Path, step_dir: Path, data_dir: Path, out_dir: Path, profile=None,
-               args: tuple[str, ...] = (), timeout_s: float = 900) -> dict:
-    """Run ``runner`` on a step directory and a data directory, writing into ``out_dir``; its
-    log. A foreign architecture's runner runs under the profile's qemu in its emulated root."""
+               args: tuple[str, ...] = (), timeout_s: float = 900,
+               cores: int | None = None) -> dict:
+    """Run ``runner`` on a step directory and a data directory, writing into ``out_dir``, on
+    ``cores`` threads (default: the profile's, else this machine's); its log. A foreign
+    architecture's runner runs under the profile's qemu in its emulated root."""
     command = [str(runner), str(step_dir), "--data", str(data_dir), "--out", str(out_dir), *args]
     if profile is not None and device_architecture(profile, "the native runner") != os.uname().machine:
         command = [profile.emulation.qemu, "-L", str(emulation_root(profile)), *command]
-    return _run(command, out_dir, profile.cores if profile else os.cpu_count(), timeout_s)
+    return _run(command, out_dir, cores or (profile.cores if profile else os.cpu_count()),
+                timeout_s)
 
 
 def run_python(step_dir: Path, data_dir: Path, out_dir: Path, cores: int,

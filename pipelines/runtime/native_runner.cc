@@ -3,18 +3,23 @@
 //
 //   runner STEP_DIR --data DIR --out DIR [--epochs 1] [--steps N] [--seed 0] [--state FILE]
 //
-// STEP_DIR holds step.so, runner.json (the step's data inputs, state and updates: written by
-// native.py) and state.safetensors (the weights it starts from, the optimizer state at zero).
+// STEP_DIR holds step.so, runner.json (the step's device, data inputs, state and updates:
+// written by native.py) and state.safetensors (the weights it starts from, the optimizer state
+// at zero). A step built for an NVIDIA GPU runs there: its state stays in GPU memory, updated in
+// place, and only a batch goes up and a loss comes back per step; libtvm_runtime_cuda.so beside
+// the runner loads the CUDA runtime (libcudart.so.13, through LD_LIBRARY_PATH or ldconfig).
 // DIR/train.safetensors holds one tensor per data input of the step, named as runner.json
 // says, with N examples on the first axis. Each epoch runs the batches of a seeded shuffle (the
 // last partial batch is dropped: the step has fixed shapes). OUT receives, each file complete
 // or not at all: weights.safetensors (parameters and buffers under the source model's names),
 // state.safetensors (the whole state under the step's names: --state resumes from it) and
-// log.json (losses, batch order, step times, peak resident memory).
+// log.json (losses, batch order, step times, peak resident memory; on a GPU the device memory
+// the run held above its start).
 //
 // Exit codes: 0 done; 2 bad input (the message names the file, the tensor and what is allowed);
 // 3 a step's loss or new state is not finite (OUT keeps the state of the last finished epoch);
 // 1 anything else.
+#include <dlfcn.h>
 #include <dlpack/dlpack.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -81,6 +86,71 @@ ffi::Tensor empty(const std::vector<int64_t>& shape, DLDataType dtype) {
   return ffi::Tensor::FromNDAlloc(AlignedAlloc(), ffi::ShapeView(shape.data(), shape.size()),
                                   dtype, kCPU);
 }
+
+// The step's device. Its tensors are made and copied through TVM's runtime, the same calls on
+// every device; loading the CUDA runtime and reading free memory are a GPU's own.
+class Device {
+ public:
+  explicit Device(const std::string& kind) {
+    if (kind == "cuda") {
+      // TVM's CUDA runtime registers the device when it loads; it is beside the runner
+      char exe[4096];
+      ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+      std::string dir = n > 0 ? std::string(exe, n) : ".";
+      std::string library = dir.substr(0, dir.rfind('/')) + "/libtvm_runtime_cuda.so";
+      if (!dlopen(library.c_str(), RTLD_NOW | RTLD_GLOBAL))
+        throw std::runtime_error(std::string("the step is built for an NVIDIA GPU, and TVM's CUDA "
+                                             "runtime does not load: ") + dlerror() +
+                                 " (put the CUDA runtime's directory on LD_LIBRARY_PATH)");
+      device_ = {kDLCUDA, 0};
+    } else if (kind != "cpu") {
+      bad_input("runner.json: device '" + kind + "'; allowed: cpu, cuda");
+    }
+    alloc_ = ffi::Function::GetGlobalRequired("runtime.TVMTensorAllocWithScope");
+    from_bytes_ = ffi::Function::GetGlobalRequired("runtime.TVMTensorCopyFromBytes");
+    to_bytes_ = ffi::Function::GetGlobalRequired("runtime.TVMTensorCopyToBytes");
+    copy_ = ffi::Function::GetGlobalRequired("runtime.TVMTensorCopyFromTo");
+    attribute_ = ffi::Function::GetGlobalRequired("runtime.GetDeviceAttr");
+  }
+  DLDevice dl() const { return device_; }
+  bool on_host() const { return device_.device_type == kDLCPU; }
+
+  ffi::Tensor empty(const std::vector<int64_t>& shape, DLDataType dtype) const {
+    return alloc_(ffi::Shape(shape), dtype, device_, nullptr).cast<ffi::Tensor>();
+  }
+  ffi::Tensor upload(const void* data, const std::vector<int64_t>& shape, DLDataType dtype) const {
+    ffi::Tensor t = empty(shape, dtype);
+    write(t, data);
+    return t;
+  }
+  void write(const ffi::Tensor& t, const void* data) const {
+    from_bytes_(t, const_cast<void*>(data), static_cast<int64_t>(bytes_of(t)));
+  }
+  void read(const ffi::Tensor& t, void* into) const {
+    to_bytes_(t, into, static_cast<int64_t>(bytes_of(t)));
+  }
+  void copy(const ffi::Tensor& from, const ffi::Tensor& to) const { copy_(from, to); }
+  // ``t`` readable here: itself on the CPU, else a copy
+  ffi::Tensor on_host_copy(const ffi::Tensor& t) const {
+    if (on_host()) return t;
+    ffi::Tensor host = ::empty(std::vector<int64_t>(t.shape().begin(), t.shape().end()), t.dtype());
+    read(t, data_of(host));
+    return host;
+  }
+  // the GPU's free memory (the driver's count), or -1 on the CPU
+  long long free_bytes() const {
+    if (on_host()) return -1;
+    constexpr int kAvailableGlobalMemory = 15;  // TVM's DeviceAttrKind
+    ffi::Any free = attribute_(static_cast<int>(device_.device_type), device_.device_id,
+                               kAvailableGlobalMemory);
+    auto bytes = free.as<int64_t>();
+    return bytes ? *bytes : -1;
+  }
+
+ private:
+  DLDevice device_ = kCPU;
+  ffi::Function alloc_, from_bytes_, to_bytes_, copy_, attribute_;
+};
 
 // safetensors' dtype names and DLPack's
 const std::map<std::string, DLDataType> kDTypes = {
@@ -224,7 +294,8 @@ struct DataInput {  // one of the step's data inputs, and where its examples com
   std::vector<int64_t> example;  // one example's, as the data holds it: [N, *example]
   const SafeTensors::Entry* examples = nullptr;
   size_t example_bytes = 0;
-  ffi::Tensor batch;  // allocated once, refilled every step
+  ffi::Tensor batch;      // allocated once, refilled every step
+  ffi::Tensor on_device;  // what the step takes: the batch itself, or its copy on the GPU
 };
 
 template <typename T>
@@ -316,6 +387,11 @@ int run(const Args& args) {
   struct stat out_stat;
   if (stat(args.out_dir.c_str(), &out_stat) != 0 || !S_ISDIR(out_stat.st_mode))
     bad_input(args.out_dir + ": not a directory; give one to receive the weights");
+  const Device device(manifest.count("device") ? std::string(manifest["device"].cast<ffi::String>())
+                                               : "cpu");
+  // a step replaying CUDA graphs reads its state from the tensors it captured on its first
+  // call: a new value is copied into them, never put in their place
+  const bool resident = manifest.count("resident") && manifest["resident"].cast<bool>();
 
   // The data: one tensor per data input, N examples each.
   const std::string train_path = args.data_dir + "/train.safetensors";
@@ -348,6 +424,7 @@ int run(const Args& args) {
     examples = e.shape[0];
     input.example_bytes = examples ? e.bytes / examples : 0;
     input.batch = empty(input.shape, input.dtype);
+    input.on_device = device.on_host() ? input.batch : device.empty(input.shape, input.dtype);
   }
   const int64_t batch = manifest["batch"].cast<int64_t>();
   if (examples < batch)
@@ -373,6 +450,9 @@ int run(const Args& args) {
   }
 
   // The state, in the step's order, each tensor a copy the step may update in place.
+  device.empty({1}, DLDataType{kDLFloat, 32, 1});  // a GPU's context, before its memory is read
+  const long long free_at_start = device.free_bytes();
+  long long least_free = free_at_start;
   SafeTensors saved(args.state);
   std::vector<std::string> state_names;
   std::map<std::string, ffi::Tensor> state;
@@ -388,10 +468,8 @@ int run(const Args& args) {
       bad_input(saved.path() + ": tensor '" + name + "' is " +
                 std::string(ffi::DLDataTypeToString(e.dtype)) + " " + shape_text(e.shape) +
                 "; allowed: " + dtype + " " + shape_text(shape));
-    ffi::Tensor t = empty(e.shape, e.dtype);
-    std::memcpy(t.data_ptr(), e.data, e.bytes);
     state_names.push_back(name);
-    state[name] = t;
+    state[name] = device.upload(e.data, e.shape, e.dtype);
   }
   std::vector<std::string> updates;  // output i + 1 is the new value of state updates[i]
   for (const auto& n : manifest["updates"].cast<json::Array>()) updates.push_back(n.cast<ffi::String>());
@@ -399,15 +477,30 @@ int run(const Args& args) {
   for (const auto& [k, v] : manifest["weights"].cast<json::Object>())
     weight_names.emplace_back(k.cast<ffi::String>(), v.cast<ffi::String>());
 
-  // The step: its library, the VM over it on the CPU (pooled allocator, as TVM's Python VM).
+  // The step: its library, the VM over it on the step's device and the CPU (pooled
+  // allocators, as TVM's Python VM).
   ffi::Module library = ffi::Module::LoadFromFile(args.step_dir + "/step.so");
   ffi::Module vm = library->GetFunction("vm_load_executable").value()().cast<ffi::Module>();
-  vm->GetFunction("vm_initialization").value()(static_cast<int>(kDLCPU), 0, 2);
+  constexpr int kPooled = 2;
+  if (device.on_host())
+    vm->GetFunction("vm_initialization").value()(static_cast<int>(kDLCPU), 0, kPooled);
+  else
+    vm->GetFunction("vm_initialization").value()(static_cast<int>(device.dl().device_type),
+                                                 device.dl().device_id, kPooled,
+                                                 static_cast<int>(kDLCPU), 0, kPooled);
   ffi::Function train_step = vm->GetFunction("train_step").value();
 
-  auto save_state = [&](const std::string& path) {
-    std::vector<std::pair<std::string, ffi::Tensor>> all(state.begin(), state.end());
-    save_safetensors(path, all);
+  // The state readable here, each tensor finite (on a GPU only checked here, per epoch: a
+  // non-finite weight makes the next step's loss non-finite, which is checked every step).
+  auto state_on_host = [&](const std::string& where) {
+    std::vector<std::pair<std::string, ffi::Tensor>> all;
+    for (const auto& [name, t] : state) {
+      all.emplace_back(name, device.on_host_copy(t));
+      if (!finite(all.back().second))
+        throw Failure(kNotFinite, where + ": " + name + " is not finite; " + args.out_dir +
+                      " keeps the state of the last finished epoch");
+    }
+    return all;
   };
 
   std::vector<double> losses, step_ms;
@@ -428,18 +521,20 @@ int run(const Args& args) {
           std::memcpy(into + j * input.example_bytes,
                       input.examples->data + order[start + j] * input.example_bytes,
                       input.example_bytes);
+        if (!device.on_host()) device.write(input.on_device, into);
       }
       logged_order.insert(logged_order.end(), order.begin() + start, order.begin() + start + batch);
       size_t a = 0;
-      for (auto& input : inputs) call[a++] = input.batch;
+      for (auto& input : inputs) call[a++] = input.on_device;
       for (const auto& name : state_names) call[a++] = state[name];
       auto t0 = std::chrono::steady_clock::now();
       ffi::Any result;
       train_step.CallPacked(call.data(), static_cast<int32_t>(call.size()), &result);
-      step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       ffi::Array<ffi::Any> outputs = result.cast<ffi::Array<ffi::Any>>();
-      ffi::Tensor loss = outputs[0].cast<ffi::Tensor>();
-      float value = *reinterpret_cast<const float*>(data_of(loss));
+      float value;
+      device.read(outputs[0].cast<ffi::Tensor>(), &value);  // on a GPU, waits for the step
+      step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      if (!device.on_host()) least_free = std::min(least_free, device.free_bytes());
       std::string where = "step " + std::to_string(taken + 1);
       if (!std::isfinite(value))
         throw Failure(kNotFinite, where + ": its loss is not finite (NaN or inf); " + args.out_dir +
@@ -447,26 +542,32 @@ int run(const Args& args) {
                       "data without extreme values, usually avoids it");
       for (size_t k = 0; k < updates.size(); ++k) {
         ffi::Tensor updated = outputs[k + 1].cast<ffi::Tensor>();
-        if (!finite(updated))
+        if (device.on_host() && !finite(updated))
           throw Failure(kNotFinite, where + ": its new " + updates[k] + " is not finite; " +
                         args.out_dir + " keeps the state of the last finished epoch");
-        state[updates[k]] = updated;
+        ffi::Tensor& kept = state[updates[k]];
+        if (resident && !updated.same_as(kept)) device.copy(updated, kept);
+        else kept = updated;
       }
       losses.push_back(value);
       epoch_loss += value;
       ++epoch_steps;
       ++taken;
     }
-    save_state(args.out_dir + "/state.safetensors");  // a checkpoint per epoch
+    // a checkpoint per epoch
+    save_safetensors(args.out_dir + "/state.safetensors",
+                     state_on_host("epoch " + std::to_string(epoch + 1)));
     std::printf("epoch %lld/%lld: mean loss %.4f\n", epoch + 1, args.epochs,
                 epoch_steps ? epoch_loss / epoch_steps : 0.0);
     std::fflush(stdout);
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
 
+  std::map<std::string, ffi::Tensor> final_state;
+  for (auto& [name, t] : state) final_state[name] = device.on_host_copy(t);
   std::vector<std::pair<std::string, ffi::Tensor>> weights;
   for (const auto& [step_name, source_name] : weight_names)
-    if (state.count(step_name)) weights.emplace_back(source_name, state[step_name]);
+    if (final_state.count(step_name)) weights.emplace_back(source_name, final_state[step_name]);
   save_safetensors(args.out_dir + "/weights.safetensors", weights);
   auto numbers = [](const auto& values, const char* format) {
     std::string text = "[";
@@ -478,9 +579,11 @@ int run(const Args& args) {
     return text + "]";
   };
   std::ostringstream log;
-  log << "{\"runner\": \"native\", \"epochs\": " << args.epochs << ", \"seed\": " << args.seed
+  log << "{\"runner\": \"native\", \"device\": \"" << (device.on_host() ? "cpu" : "cuda")
+      << "\", \"epochs\": " << args.epochs << ", \"seed\": " << args.seed
       << ", \"steps\": " << losses.size() << ", \"seconds\": " << seconds
-      << ", \"peak_rss_bytes\": " << peak_rss_bytes()
+      << ", \"peak_rss_bytes\": " << peak_rss_bytes() << ", \"device_held_bytes\": "
+      << (device.on_host() ? std::string("null") : std::to_string(free_at_start - least_free))
       << ",\n \"losses\": " << numbers(losses, "%.9g")  // a float32 read back exactly
       << ",\n \"step_ms\": " << numbers(step_ms, "%.4f")
       << ",\n \"order\": " << numbers(logged_order, "%lld") << "}\n";

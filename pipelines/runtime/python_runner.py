@@ -5,8 +5,9 @@ outputs, the same batch order; both must give the same weights.
   python pipelines/runtime/python_runner.py STEP_DIR --data DIR --out DIR [--epochs 1]
                                              [--steps N] [--seed 0] [--state FILE]
 
-Needs numpy, safetensors and TVM's runtime only (no PyTorch, no compiler). Exit codes as the
-native runner's: 0 done; 2 bad input; 3 a step's loss or new state is not finite.
+Needs numpy, safetensors and TVM's runtime only (no PyTorch, no compiler). A step built for an
+NVIDIA GPU runs there, as in the native runner. Exit codes as the native runner's: 0 done;
+2 bad input; 3 a step's loss or new state is not finite.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tvm.runtime.vm import VirtualMachine  # noqa: E402
 from pipelines.io import write_json_atomic, write_text_atomic  # noqa: E402
 from pipelines.runtime.checks import (StepError, check_batch, check_finite,  # noqa: E402
                                       check_shapes)
+from pipelines.runtime.cuda import cuda_device  # noqa: E402
 from pipelines.runtime.peak_memory import peak_resident_bytes  # noqa: E402
 
 MASK = (1 << 64) - 1
@@ -112,9 +114,13 @@ def run(args) -> int:
         check_shapes(types, {n: saved[n] for n in types}, str(state_path), "tensor")
     except StepError as err:
         raise BadInput(str(err)) from None
-    device = tvm.cpu()
+    gpu = manifest.get("device", "cpu") == "cuda"
+    device = cuda_device() if gpu else tvm.cpu()
     vm = VirtualMachine(tvm.runtime.load_module(str(args.step_dir / "step.so")), device)
+    tvm.runtime.empty((1,), "float32", device)  # a GPU's context, before its memory is read
+    free_at_start = least_free = device.available_global_memory if gpu else None
     state = {n: tvm.runtime.tensor(saved[n], device) for n in types}
+    resident = manifest.get("resident", False)  # the native runner's comment says why
     batch = manifest["batch"]
     rng, losses, step_ms, order_log = [args.seed], [], [], []
     began = time.perf_counter()
@@ -131,15 +137,23 @@ def run(args) -> int:
                 *[tvm.runtime.tensor(a[index].reshape(d["shape"]), device)
                   for a, d in zip(data, manifest["data"])],
                 *[state[n] for n in types]))
+            loss = outputs[0].numpy()  # on a GPU, waits for the step
             step_ms.append(1e3 * (time.perf_counter() - started))
-            check_finite({"loss": outputs[0].numpy(),
-                          **{n: np.from_dlpack(v)
-                             for n, v in zip(manifest["updates"], outputs[1:])}},
-                         f"step {len(losses) + 1}", True)
-            state.update(zip(manifest["updates"], outputs[1:]))
-            losses.append(float(outputs[0].numpy()))
+            if gpu:
+                least_free = min(least_free, device.available_global_memory)
+            where = f"step {len(losses) + 1}"
+            check_finite({"loss": loss, **({} if gpu else {
+                n: np.from_dlpack(v) for n, v in zip(manifest["updates"], outputs[1:])})},
+                where, True)
+            for name, value in zip(manifest["updates"], outputs[1:]):
+                if resident and not state[name].same_as(value):
+                    state[name].copyfrom(value)
+                else:
+                    state[name] = value
+            losses.append(float(loss))
             order_log.extend(index)
         arrays = {n: v.numpy() for n, v in state.items()}
+        check_finite(arrays, f"epoch {epoch + 1}", True)  # on a GPU, checked only here
         save_atomic(arrays, args.out / "state.safetensors")  # a checkpoint per epoch
         print(f"epoch {epoch + 1}/{args.epochs}: mean loss "
               f"{np.mean(losses[-(count // batch):]):.4f}", flush=True)
@@ -148,7 +162,9 @@ def run(args) -> int:
                 args.out / "weights.safetensors")
     write_json_atomic(args.out / "log.json", {
         "runner": "python", "epochs": args.epochs, "seed": args.seed, "steps": len(losses),
-        "seconds": seconds, "peak_rss_bytes": peak_resident_bytes(), "losses": losses,
+        "seconds": seconds, "peak_rss_bytes": peak_resident_bytes(),
+        "device": "cuda" if gpu else "cpu",
+        "device_held_bytes": free_at_start - least_free if gpu else None, "losses": losses,
         "step_ms": step_ms, "order": order_log})
     print(f"wrote {args.out}/weights.safetensors, state.safetensors and log.json "
           f"({len(losses)} steps)")

@@ -15,6 +15,7 @@ from tvm.runtime.vm import VirtualMachine  # the runtime's VM: no compiler neede
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts, before they start)
 from pipelines.io import read_json, verified
 from pipelines.runtime.checks import BadBatch, check_batch, check_finite, check_shapes
+from pipelines.runtime.cuda import cuda_device
 
 LIBRARY, SIGNATURE, BUILT = "step.so", "signature.json", "build.json"
 
@@ -24,30 +25,6 @@ def built_for_cuda(build_dir: Path) -> bool:
     import json
 
     return json.loads(read_json(Path(build_dir) / BUILT)["target"])["kind"] == "cuda"
-
-
-def cuda_device():
-    """The first NVIDIA GPU, with TVM's CUDA runtime (libtvm_runtime_cuda.so, beside
-    libtvm_runtime.so) loaded; PyTorch, imported first, has loaded the CUDA runtime it needs.
-    A machine without one is a RuntimeError saying so."""
-    import ctypes
-
-    from tvm.libinfo import package_lib_paths
-
-    if not tvm.get_global_func("device_api.cuda", allow_missing=True):
-        try:  # where PyTorch has not loaded it, the CUDA toolkit's (ldconfig knows it)
-            ctypes.CDLL("libcudart.so.13", ctypes.RTLD_GLOBAL)
-        except OSError:
-            pass
-        found = [p / "libtvm_runtime_cuda.so" for p in package_lib_paths()
-                 if (p / "libtvm_runtime_cuda.so").exists()]
-        if not found:
-            raise RuntimeError("libtvm_runtime_cuda.so is not beside libtvm_runtime.so")
-        ctypes.CDLL(str(found[0]), ctypes.RTLD_GLOBAL)
-    device = tvm.cuda(0)
-    if not device.exist:
-        raise RuntimeError("no NVIDIA GPU on this machine (TVM's CUDA runtime finds none)")
-    return device
 
 
 class CompiledStep:

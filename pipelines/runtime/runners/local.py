@@ -16,8 +16,8 @@ def _device(profile):
 
     if profile.target["kind"] != "cuda":
         return tvm.cpu()
+    from pipelines.runtime.cuda import cuda_device
     from pipelines.runtime.runners import NotReachable
-    from pipelines.runtime.step import cuda_device
 
     try:
         return cuda_device()
