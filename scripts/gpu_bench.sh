@@ -36,7 +36,7 @@ group() {  # one `pock gpu bench` call, if more than a minute of the budget is l
 # the sparse vision case beside every PyTorch peer, and the runners on the GPU
 group --case mbv2_paper --peers torch_eager_full,torch_eager_frozen,torch_compile_full \
     --case-seconds 150
-group --case smollm_paper --case smollm_lora --case-seconds 120
+group --case smollm_paper --case smollm_lora --case-seconds 180
 # Qwen2.5-0.5B: its state is 6 GB, too much to write to disk twice per runner in the budget
 group --case qwen_paper --case qwen_lora --runner-steps 0 --case-seconds 150
 group --case smollm_full --runner-steps 0 --case-seconds 150

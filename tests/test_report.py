@@ -27,6 +27,19 @@ def test_each_gpu_run_is_a_table_with_its_ratios_and_failures():
     assert "| 2.00 ms, 4,000 examples/s |" in paper and "14.00 ms (7.00x)" in paper and "10.00 ms (5.00x)" in paper and "0.05x" in paper
     (full,) = [line for line in lines if line.startswith("| smollm_full")]
     assert full.count("failed: timed out after 120 s") == 2  # parity and speed
+    assert "native runner" not in lines[2]  # a run without the runners: no such column
+    native = {"ms_per_step": 0.7, "peak_rss_bytes": 128 * 2**20}
+    run["mbv2_paper"]["runners"] = {
+        "weights_bit_identical": True, "weights_max_abs_difference": 0.0,
+        "native_speedup_vs_python": 1.75, "native": native,
+        "python": {**native, "ms_per_step": 1.225, "peak_rss_bytes": 640 * 2**20}}
+    lines = gpu_tables({"nvidia_h100": run})
+    assert lines[2].endswith("| native runner |") and lines[3].count("|") == lines[2].count("|")
+    (paper,) = [line for line in lines if line.startswith("| mbv2_paper")]
+    assert paper.endswith("| 0.70 ms (1.75x the Python runner), host memory 128.00 MiB vs "
+                          "640.00 MiB; same weights, bit for bit |")
+    (full,) = [line for line in lines if line.startswith("| smollm_full")]
+    assert full.count("|") == lines[2].count("|")
 
 
 def test_packages_show_both_runners_or_why_they_did_not_run():

@@ -221,20 +221,36 @@ def _parity_cell(parity: dict) -> str:
             f"{parity['trained']} trained{layers})")
 
 
+def _runners_cell(runners: dict | None) -> str:
+    """The native runner beside the Python runner on the same steps (pipelines/gpu.py)."""
+    if runners is None:
+        return ""
+    if "error" in runners:
+        return f"failed: {runners['error']}"
+    native, python = runners["native"], runners["python"]
+    weights = ("same weights, bit for bit" if runners["weights_bit_identical"] else
+               f"weights differ by up to {runners['weights_max_abs_difference']:.2g}")
+    return (f"{native['ms_per_step']:.2f} ms ({runners['native_speedup_vs_python']:.2f}x the "
+            f"Python runner), host memory {_mib(native['peak_rss_bytes'])} vs "
+            f"{_mib(python['peak_rss_bytes'])}; {weights}")
+
+
 def gpu_tables(runs: dict) -> list[str]:
     """Each GPU run: every case's parity on the GPU, its step beside the peers in the same
-    run (ratios: how many times faster the compiled step is), and the GPU memory held."""
+    run (ratios: how many times faster the compiled step is), the GPU memory held, and where
+    the run had them the native runner beside the Python runner."""
     lines = []
     for stem, run in runs.items():
         machine = run["machine"]
+        results = {name: result for name, result in run.items() if name != "machine"}
+        runners = any("runners" in result for result in results.values())
         lines += [f"## On an NVIDIA GPU: {machine.get('gpu', machine['device'])} "
                   f"(`artifacts/metrics/gpu/{stem}.json`, docs/gpu.md)", "",
                   "| case | parity vs PyTorch on the GPU | compiled | "
-                  + " | ".join(PEERS.values()) + " | GPU memory vs eager full |",
-                  "|---|---|---|" + "---|" * len(PEERS) + "---|"]
-        for name, result in run.items():
-            if name == "machine":
-                continue
+                  + " | ".join(PEERS.values()) + " | GPU memory vs eager full |"
+                  + (" native runner |" if runners else ""),
+                  "|---|---|---|" + "---|" * len(PEERS) + "---|" + ("---|" if runners else "")]
+        for name, result in results.items():
             speed = result.get("speed", {})
             if "compiled" not in speed:
                 cells = [f"failed: {speed.get('error', 'not run')}"] + [""] * len(PEERS) + [""]
@@ -247,6 +263,8 @@ def gpu_tables(runs: dict) -> list[str]:
                 cells += [f"{speed[p]['median_ms']:.2f} ms ({_x(speed.get(f'speedup_vs_{p}'))})"
                           if p in speed else "" for p in PEERS]
                 cells.append(_x(speed.get("memory_vs_torch_eager_full")))
+            if runners:
+                cells.append(_runners_cell(result.get("runners")))
             lines.append(f"| {name} | {_parity_cell(result.get('parity', {'error': 'not run'}))}"
                          f" | " + " | ".join(cells) + " |")
         lines.append("")
