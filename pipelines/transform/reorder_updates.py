@@ -51,9 +51,12 @@ def _reordered(func: relax.Function, update_outputs: dict[int, str]) -> relax.Fu
         done.add(var)
         order.append(by_var[var])
 
+    # what an eager update waits for: its inputs, but for the lazy ones (emitted with it)
+    waits_for = {var: [d for d in deps[var] if kinds[d] != "update" or d in labelled]
+                 for var in eager}
+
     def ready(var):
-        return all(d in done or (kinds[d] == "update" and d not in labelled)
-                   for d in deps[var])
+        return all(d in done for d in waits_for[var])
 
     pending = list(eager)
     for b in block.bindings:

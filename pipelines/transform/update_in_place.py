@@ -137,19 +137,28 @@ def _candidates(mod: tvm.IRModule, block, replaces: dict, live_out: set) -> dict
     return found
 
 
-def _after_other_readers(block, candidates: dict) -> list:
+def _readers(block, used: dict) -> dict:
+    """Each variable -> the bindings that read it (``used``: binding var -> what it reads)."""
+    readers: dict = {}
+    for b in block.bindings:
+        for v in set(used[b.var]):
+            readers.setdefault(v, []).append(b.var)
+    return readers
+
+
+def _after_other_readers(block, candidates: dict, used: dict) -> list:
     """The bindings in their order, except that each candidate comes after every other reader of
     the state it overwrites (a candidate that cannot, without a cycle, drops out of
-    ``candidates``)."""
+    ``candidates``). ``used``: binding var -> the variables its value reads."""
     bindings = list(block.bindings)
     defined = {b.var for b in bindings}
-    deps = {b.var: {v for v in uses(b.value) if v in defined} for b in bindings}
-    overwritten = {var: {b.value.args[1].fields[j] for j in chosen.values()}
-                   for var, chosen in candidates.items()
-                   for b in bindings if b.var.same_as(var)}
-    readers = {var: {b.var for b in bindings if not b.var.same_as(var)
-                     and any(u.same_as(s) for u in uses(b.value) for s in states)}
-               for var, states in overwritten.items()}
+    deps = {b.var: {v for v in used[b.var] if v in defined} for b in bindings}
+    by_var = {b.var: b for b in bindings}
+    read_by = _readers(block, used)
+    readers = {var: {r for j in chosen.values()
+                     for r in read_by.get(by_var[var].value.args[1].fields[j], [])
+                     if not r.same_as(var)}
+               for var, chosen in candidates.items()}
     order, done, pending = [], set(), []
     for b in bindings:
         pending.append(b)
@@ -187,13 +196,14 @@ def _in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
     # storage for them unless it is their last reader already.
     kinds = classify(func, update_owners(signature))
     position = {b.var: i for i, b in enumerate(block.bindings)}
+    used = {b.var: uses(b.value) for b in block.bindings}
+    read_by = _readers(block, used)
     for var in [v for v in candidates if kinds[v] != "update"]:
         states = [block.bindings[position[var]].value.args[1].fields[j]
                   for j in candidates[var].values()]
-        if any(position[b.var] > position[var] for b in block.bindings
-               if any(u.same_as(s) for u in uses(b.value) for s in states)):
+        if any(position[r] > position[var] for s in states for r in read_by.get(s, [])):
             del candidates[var]
-    ordered = _after_other_readers(block, candidates)
+    ordered = _after_other_readers(block, candidates, used)
     builder, updated, bindings, made = relax.BlockBuilder(mod.clone()), [], [], {}
     for b in ordered:
         if b.var not in candidates:
