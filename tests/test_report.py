@@ -2,6 +2,7 @@
 table, a case that failed on the GPU said so with its error, nothing dropped; each package's
 trial with both runners' figures, or why it did not run; a fine-tuned case's held-out score as
 its task reads it."""
+from pipelines.report.plots import gpu_rows, gpu_svg
 from pipelines.report.render import case_table, device_table, gpu_tables
 
 
@@ -27,19 +28,28 @@ def test_each_gpu_run_is_a_table_with_its_ratios_and_failures():
     assert "| 2.00 ms, 4,000 examples/s |" in paper and "14.00 ms (7.00x)" in paper and "10.00 ms (5.00x)" in paper and "0.05x" in paper
     (full,) = [line for line in lines if line.startswith("| smollm_full")]
     assert full.count("failed: timed out after 120 s") == 2  # parity and speed
-    assert "native runner" not in lines[2]  # a run without the runners: no such column
+    header = lines.index(next(line for line in lines if line.startswith("| case")))
+    assert lines[header - 2] == "![speedups on the GPU](plots/gpu-nvidia_h100.svg)"
+    assert "native runner" not in lines[header]  # a run without the runners: no such column
     native = {"ms_per_step": 0.7, "peak_rss_bytes": 128 * 2**20}
     run["mbv2_paper"]["runners"] = {
         "weights_bit_identical": True, "weights_max_abs_difference": 0.0,
         "native_speedup_vs_python": 1.75, "native": native,
         "python": {**native, "ms_per_step": 1.225, "peak_rss_bytes": 640 * 2**20}}
     lines = gpu_tables({"nvidia_h100": run})
-    assert lines[2].endswith("| native runner |") and lines[3].count("|") == lines[2].count("|")
+    assert lines[header].endswith("| native runner |")
+    assert lines[header + 1].count("|") == lines[header].count("|")
     (paper,) = [line for line in lines if line.startswith("| mbv2_paper")]
     assert paper.endswith("| 0.70 ms (1.75x the Python runner), host memory 128.00 MiB vs "
                           "640.00 MiB; same weights, bit for bit |")
     (full,) = [line for line in lines if line.startswith("| smollm_full")]
-    assert full.count("|") == lines[2].count("|")
+    assert full.count("|") == lines[header].count("|")
+    # its plot: the compiled step's speed over each peer's, per case; the same bytes twice
+    rows = gpu_rows(run)
+    assert rows == [{"case": "mbv2_paper", "peer": "eager full", "speedup": 7.0},
+                    {"case": "mbv2_paper", "peer": "eager frozen", "speedup": 5.0}]
+    svg = gpu_svg(rows, "NVIDIA H100 80GB HBM3")
+    assert svg.startswith("<?xml") and svg == gpu_svg(rows, "NVIDIA H100 80GB HBM3")
 
 
 def test_packages_show_both_runners_or_why_they_did_not_run():

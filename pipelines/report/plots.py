@@ -4,7 +4,9 @@
 - memory.json / .svg: per case, the memory the step holds beyond its batch: weights,
   optimizer state, parameter gradients, activations kept for backward;
 - finetune-<case>.svg: a deploy case's fine-tuning loss and test accuracy, compiled step vs
-  PyTorch (the data are evaluate@<case>'s curves, which DVC plots directly).
+  PyTorch (the data are evaluate@<case>'s curves, which DVC plots directly);
+- gpu-<run>.json / .svg: per committed GPU run (artifacts/metrics/gpu/<run>.json), how many
+  times faster each case's compiled step is than each peer in the same run.
 SVGs are written without dates and with a fixed hash salt, so the same metrics give the same
 bytes.
 """
@@ -19,6 +21,7 @@ matplotlib.use("svg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pipelines.io import write_json_atomic, write_text_atomic  # noqa: E402
+from pipelines.report.render import PEERS  # noqa: E402  (the GPU peers, as the tables name them)
 
 MEMORY_PARTS = {"weights_bytes": "weights", "optimizer_state_bytes": "optimizer state",
                 "param_grad_bytes": "parameter gradients",
@@ -49,6 +52,14 @@ def memory_rows(found: dict) -> list[dict]:
         rows += [{"case": case, "part": part, "MiB": parts[key] / 2**20}
                  for key, part in MEMORY_PARTS.items()]
     return rows
+
+
+def gpu_rows(run: dict) -> list[dict]:
+    """A GPU run's speedups: the compiled step's speed over each peer's, per case."""
+    return [{"case": case, "peer": label, "speedup": speed[f"speedup_vs_{peer}"]}
+            for case, result in run.items() if case != "machine"
+            for speed in [result.get("speed", {})]
+            for peer, label in PEERS.items() if f"speedup_vs_{peer}" in speed]
 
 
 def _svg(fig) -> str:
@@ -99,6 +110,17 @@ def finetune_svg(loss: list[dict], evaluations: list[dict]) -> str:
     return _svg(fig)
 
 
+def gpu_svg(rows: list[dict], gpu: str) -> str:
+    fig, ax = plt.subplots(figsize=(7, 0.32 * len(rows) + 1.2))
+    labels = [f"{r['case']}: vs {r['peer']}" for r in rows][::-1]
+    ax.barh(labels, [r["speedup"] for r in rows][::-1], color="tab:blue")
+    ax.axvline(1.0, color="black", linewidth=0.8)  # as fast as the peer
+    ax.set_xscale("log")
+    ax.set_xlabel("compiled step's speed over the peer's (x, same GPU, same run)")
+    ax.set_title(f"Fine-tuning steps on {gpu}")
+    return _svg(fig)
+
+
 def write_plots(out: Path, found: dict, deploy: list) -> None:
     latency, memory = latency_rows(found), memory_rows(found)
     write_json_atomic(out / "latency.json", latency)
@@ -109,3 +131,9 @@ def write_plots(out: Path, found: dict, deploy: list) -> None:
         loss, evaluations = found["curves"][case]
         if loss:
             write_text_atomic(out / f"finetune-{case}.svg", finetune_svg(loss, evaluations))
+    for stem, run in found.get("gpu", {}).items():
+        rows = gpu_rows(run)
+        if rows:
+            write_json_atomic(out / f"gpu-{stem}.json", rows)
+            write_text_atomic(out / f"gpu-{stem}.svg",
+                              gpu_svg(rows, run["machine"].get("gpu", "a GPU")))

@@ -245,8 +245,10 @@ def gpu_tables(runs: dict) -> list[str]:
         results = {name: result for name, result in run.items() if name != "machine"}
         runners = any("runners" in result for result in results.values())
         lines += [f"## On an NVIDIA GPU: {machine.get('gpu', machine['device'])} "
-                  f"(`artifacts/metrics/gpu/{stem}.json`, docs/gpu.md)", "",
-                  "| case | parity vs PyTorch on the GPU | compiled | "
+                  f"(`artifacts/metrics/gpu/{stem}.json`, docs/gpu.md)", ""]
+        if any(f"speedup_vs_{p}" in r.get("speed", {}) for r in results.values() for p in PEERS):
+            lines += [f"![speedups on the GPU](plots/gpu-{stem}.svg)", ""]
+        lines += ["| case | parity vs PyTorch on the GPU | compiled | "
                   + " | ".join(PEERS.values()) + " | GPU memory vs eager full |"
                   + (" native runner |" if runners else ""),
                   "|---|---|---|" + "---|" * len(PEERS) + "---|" + ("---|" if runners else "")]
