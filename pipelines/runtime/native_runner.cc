@@ -239,6 +239,13 @@ class SafeTensors {
     return it->second;
   }
   const std::string& path() const { return path_; }
+  // Drops the pages of an entry already copied out: the mapping is private and read-only, so
+  // they are clean (read again from the file if touched) and need not stay resident.
+  void release(const Entry& entry) const {
+    const uintptr_t page = sysconf(_SC_PAGESIZE), start = reinterpret_cast<uintptr_t>(entry.data);
+    const uintptr_t begin = (start + page - 1) / page * page, end = (start + entry.bytes) / page * page;
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  }
 
  private:
   std::string path_;
@@ -470,6 +477,7 @@ int run(const Args& args) {
                 "; allowed: " + dtype + " " + shape_text(shape));
     state_names.push_back(name);
     state[name] = device.upload(e.data, e.shape, e.dtype);
+    saved.release(e);  // the copy is the state now: the file's pages need not stay resident
   }
   std::vector<std::string> updates;  // output i + 1 is the new value of state updates[i]
   for (const auto& n : manifest["updates"].cast<json::Array>()) updates.push_back(n.cast<ffi::String>());
