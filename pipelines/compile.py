@@ -11,8 +11,9 @@ in order.
     Phase 3  sparse update   frozen parameters' updates pruned, channel-sparse updates sliced
                              -> PrunedStep
     Phase 4  optimize        updates reordered, activations recomputed, the loss and products as
-                             kernels of their own, then legalized and fused, the state updated
-                             in place; the static memory plan (Phase 5, read without building)
+                             kernels of their own, frozen batch norms as arithmetic, then
+                             legalized and fused, the state updated in place; the static
+                             memory plan (Phase 5, read without building)
                              -> OptimizedStep
     Phase 6  build           tuned or default schedules, backend choice, codegen, link
                              (backend/) -> Build
@@ -41,9 +42,9 @@ from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import select
 from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FreezeStatistics,
-                                 FuseSoftmaxCrossEntropy, IsolateGemms, PlainPowers,
-                                 PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
-                                 SliceChannelUpdates, UpdateInPlace)
+                                 FrozenNormsElementwise, FuseSoftmaxCrossEntropy, IsolateGemms,
+                                 PlainPowers, PruneFrozenUpdates, RecomputeActivations,
+                                 ReorderUpdates, SliceChannelUpdates, UpdateInPlace)
 from pipelines.transform.freeze_statistics import norm_scales
 
 NOTHING = tvm.transform.Sequential([])  # an optional pass that is off keeps its place
@@ -136,6 +137,7 @@ def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool,
         IsolateGemms(),
         relax.transform.FoldConstant(),  # the gradient's exponent 2 - 1 becomes a constant
         PlainPowers(),
+        FrozenNormsElementwise(),  # a frozen batch norm fuses into its convolution's kernel
         # fusion works on legalized TIR: elementwise and broadcast work (the optimizer's update,
         # batch norm arithmetic, ReLU6 masks) folds into the kernel that produces its input
         relax.transform.CanonicalizeBindings(),

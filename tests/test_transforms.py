@@ -22,8 +22,8 @@ from pipelines.config import Optimizer
 from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of, without_signature
 from pipelines.phases import Lowered
-from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FreezeStatistics, PlainPowers,
-                                 PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
+from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FreezeStatistics,
+                                 FrozenNormsElementwise, PlainPowers, PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
                                  SliceChannelUpdates)
 from pipelines.transform.freeze_statistics import norm_scales
 from pipelines.transform.update_in_place import writes_safely_over
@@ -252,6 +252,32 @@ def test_freeze_statistics_normalises_frozen_layers_with_their_running_statistic
         held, moved = relax_of[f"1.{stat}"], relax_of[f"3.{stat}"]
         np.testing.assert_array_equal(outputs[held], values[held])
         np.testing.assert_allclose(outputs[moved], getattr(net[3], stat).numpy(), rtol=1e-5)
+
+
+def test_a_frozen_batch_norm_becomes_arithmetic_fused_into_its_convolution():
+    """The frozen (eval-mode) batch norm of two becomes elementwise arithmetic with the same
+    results; fused, its convolution's kernel computes it (one kernel fewer); the training-mode
+    one, which computes the batch's statistics, stays a batch norm."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4),
+                              torch.nn.Conv2d(4, 4, 1), torch.nn.BatchNorm2d(4))
+    main, names, _ = translate(torch.export.export(net.train(), (torch.zeros(2, 3, 5, 5),)))
+    relax_of = {source: name for name, (_, source) in names.items()}
+    frozen = FreezeStatistics([relax_of["1.weight"]])(tvm.IRModule({"main": main}))
+    after = FrozenNormsElementwise()(frozen)
+    assert count_ops(frozen["main"])["relax.nn.batch_norm"] == 2
+    assert count_ops(after["main"])["relax.nn.batch_norm"] == 1
+    args, want = run(frozen, "main")
+    _, got = run(after, "main", args)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+    def kernels(mod):
+        fused = tvm.transform.Sequential([
+            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
+        return sum(isinstance(f, tvm.tirx.PrimFunc) for f in fused.functions.values())
+    assert kernels(after) == kernels(frozen) - 1
 
 
 def test_update_in_place_writes_every_update_over_its_state_with_the_same_values(every):

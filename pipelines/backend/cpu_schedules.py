@@ -18,7 +18,8 @@ partial results): results differ from the unscheduled build by that and the comp
 code only. A kernel the rule cannot take is left as TVM made it, and counted.
 
 A kernel with a record in a tuning database (databases.py) takes its tuned schedule instead
-(``schedule_cpu``).
+(``schedule_cpu``); one without, whose anchor block (its convolution or product) has a record,
+takes that record's schedule for the anchor block.
 
 This module also sets how a CPU build computes float32 exp and erf: as polynomials, one value or
 a vector at a time, instead of libm calls per lane (see the registration below).
@@ -30,10 +31,11 @@ from collections import Counter
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.s_tir.meta_schedule.trace_apply import schedule_using_anchor_trace
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts)
-from pipelines.backend.databases import workload
+from pipelines.backend.databases import best_record, by_anchor_block, workload
 from pipelines.kernels.softmax_nll import LOSS_KERNEL, schedule_softmax_nll_loss
 
 VECTOR = 16  # float32 lanes: two AVX2 registers, four NEON ones
@@ -275,28 +277,50 @@ def tunable_kernels(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
     return kernels
 
 
-def apply_database(mod: tvm.IRModule, target, database) -> tuple[tvm.IRModule, list[str]]:
-    """A copy of ``mod`` whose kernels with a record in ``database`` carry their tuned schedule
-    (marked scheduled, so the default schedules leave them); and the names of those kernels."""
-    out, tuned = mod.clone(), []
+def _anchor_schedule(func: tirx.PrimFunc, target, anchored) -> s_tir.Schedule | None:
+    """``func`` scheduled by the trace of a record of its anchor block (``anchored``:
+    databases.by_anchor_block), its other blocks inlined or parallelised by TVM's
+    ``schedule_using_anchor_trace``; None where there is no such record or it does not apply
+    (a kernel with more outputs than the traced one's)."""
+    record = best_record([anchored], func)
+    if record is None:
+        return None
+    sch = s_tir.Schedule(workload(func))
+    try:
+        schedule_using_anchor_trace(sch, record.trace, target)
+    except tvm.error.InternalError:
+        return None
+    return sch
+
+
+def apply_database(mod: tvm.IRModule, target, database) -> tuple[tvm.IRModule, Counter]:
+    """A copy of ``mod`` whose kernels with a record in ``database`` carry their tuned schedule,
+    or where there is none, the schedule of a record of their anchor block (a tuned convolution
+    for the same convolution with another epilogue); marked scheduled, so the default schedules
+    leave them. And how many kernels went each way (tuned, anchor)."""
+    out, taken, anchored = mod.clone(), Counter(), None
     for name, func in tunable_kernels(mod).items():
-        schedule = database.query_schedule(workload(func), target=target, workload_name="main")
+        schedule, way = database.query_schedule(workload(func), target=target,
+                                                workload_name="main"), "tuned"
+        if schedule is None:
+            anchored = by_anchor_block([database]) if anchored is None else anchored
+            schedule, way = _anchor_schedule(func, target, anchored), "anchor"
         if schedule is None:
             continue
         scheduled = schedule.mod["main"].without_attr("global_symbol")  # the kernel's own name:
         if func.attrs and "global_symbol" in func.attrs:
             scheduled = scheduled.with_attr("global_symbol", func.attrs["global_symbol"])
         out[out.get_global_var(name)] = scheduled.with_attr("tirx.is_scheduled", True)
-        tuned.append(name)
-    return out, tuned
+        taken[way] += 1
+    return out, taken
 
 
 def schedule_cpu(mod: tvm.IRModule, target, database=None) -> tuple[tvm.IRModule, Counter]:
     """``mod`` as a CPU build schedules it: kernels with a record in ``database`` take their
     tuned schedule, the rest the default one; with how many kernels each way went."""
-    tuned = []
+    tuned = Counter()
     if database is not None and target.kind.name == "llvm":
         mod, tuned = apply_database(mod, target, database)
     mod, taken = with_cpu_schedules(mod, target)
-    return mod, taken + Counter(tuned=len(tuned))
+    return mod, taken + tuned
 

@@ -75,6 +75,18 @@ def best_record(databases: list, func: tirx.PrimFunc):
     return best
 
 
+def by_anchor_block(databases: list):
+    """``databases``' records in one database that matches a kernel by its anchor block (its
+    convolution or product) alone: a record tuned for a convolution serves the same
+    convolution fused with other epilogues (a frozen batch norm's arithmetic, a ReLU6), its
+    trace applied to the anchor block and the rest inlined (cpu_schedules.py)."""
+    anchored = ms.database.MemoryDatabase(module_equality="anchor-block")
+    for database in databases:
+        for record in database.get_all_tuning_records():
+            copy_record(record, anchored)
+    return anchored
+
+
 def mean_secs(record) -> float:
     runs = [float(s) for s in (record.run_secs or [])]
     return sum(runs) / len(runs) if runs else float("inf")
@@ -83,17 +95,20 @@ def mean_secs(record) -> float:
 def select_records(kernels: dict[str, tirx.PrimFunc], databases: list,
                    directory: Path) -> dict[str, float]:
     """Write to ``directory`` a database of the best record of each kernel in ``databases``,
-    in kernel-name order (the same inputs give the same bytes); returns kernel -> its record's
-    microseconds."""
+    in kernel-name order (the same inputs give the same bytes), or where it has none, of its
+    anchor block; returns kernel -> its record's microseconds (the anchor's kernel's)."""
     out = open_database(directory, create=True)
-    found, committed = {}, set()
+    found, committed, anchored = {}, set(), None
     for name, func in kernels.items():
         record = best_record(databases, func)
+        if record is None:  # a record of its anchor block, which the build applies
+            anchored = by_anchor_block(databases) if anchored is None else anchored
+            record = best_record([anchored], func)
         if record is None:
             continue
         found[name] = mean_secs(record) * 1e6
-        key = tvm_ffi.structural_hash(workload(func))
-        if key in committed:  # an equal kernel under another name: one record serves both
+        key = tvm_ffi.structural_hash(record.workload.mod)
+        if key in committed:  # one record serves equal kernels, or kernels of equal anchors
             continue
         committed.add(key)
         copy_record(record, out)

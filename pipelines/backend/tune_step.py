@@ -23,7 +23,8 @@ from tvm import relax
 
 from pipelines.backend.blas import MARGIN, measure, switch_backends
 from pipelines.backend.cpu_schedules import tunable_kernels
-from pipelines.backend.databases import best_record, open_database, select_records
+from pipelines.backend.databases import (best_record, by_anchor_block, open_database,
+                                         select_records)
 from pipelines.backend.tuning import computes_the_same, kernel_us, tune
 
 TUNE_SHARE = 0.9  # of the step's kernel time (default schedules) that is tuned
@@ -83,12 +84,14 @@ def tune_step(mod: tvm.IRModule, target, trials: int, cores: int, committed_dir:
                   f"{work}/logs)", flush=True)
             tuned = tune(chosen, calls, target, trials, Path(work), [committed], seed, cores,
                          label)
-            rows, keep = {}, {}
+            rows, keep, anchored = {}, {}, by_anchor_block([committed])
             for name, us in cost.items():
                 row = {"calls": calls.get(name, 1),
                        "default_us": round(us / calls.get(name, 1), 3)}
                 source = tuned if name in chosen else committed
-                if best_record([source], generated[name]) is not None:
+                if best_record([source], generated[name]) is not None or (
+                        source is committed
+                        and best_record([anchored], generated[name]) is not None):
                     row["tuned_us"] = round(kernel_us(generated[name], target, source), 3)
                     row["same_results"] = computes_the_same(generated[name], target, source)
                     if row["same_results"] and row["tuned_us"] * MARGIN < row["default_us"]:

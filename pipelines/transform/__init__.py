@@ -4,6 +4,7 @@ them in order. Each docstring opens with the rewrite it does and shows the IR be
 from pipelines.transform.bool_ops_as_ints import BoolOpsAsInts
 from pipelines.transform.flatten_take_indices import FlattenTakeIndices
 from pipelines.transform.freeze_statistics import FreezeStatistics
+from pipelines.transform.frozen_norms_elementwise import FrozenNormsElementwise
 from pipelines.transform.fuse_softmax_cross_entropy import FuseSoftmaxCrossEntropy
 from pipelines.transform.isolate_gemms import IsolateGemms
 from pipelines.transform.plain_powers import PlainPowers
@@ -13,6 +14,6 @@ from pipelines.transform.reorder_updates import ReorderUpdates
 from pipelines.transform.slice_channels import SliceChannelUpdates
 from pipelines.transform.update_in_place import UpdateInPlace
 
-__all__ = ["BoolOpsAsInts", "FlattenTakeIndices", "FreezeStatistics", "FuseSoftmaxCrossEntropy",
-           "IsolateGemms", "PlainPowers", "PruneFrozenUpdates", "RecomputeActivations",
-           "ReorderUpdates", "SliceChannelUpdates", "UpdateInPlace"]
+__all__ = ["BoolOpsAsInts", "FlattenTakeIndices", "FreezeStatistics", "FrozenNormsElementwise",
+           "FuseSoftmaxCrossEntropy", "IsolateGemms", "PlainPowers", "PruneFrozenUpdates",
+           "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates", "UpdateInPlace"]
