@@ -1,12 +1,12 @@
 """The kernel profile (pipelines/evaluate/kernel_profile.py, profile@<case>): every VM call of a step is
-timed once, in order; the loss kernel splits forward from backward, and the kernels returning
-new state are the updates."""
+timed, in order, by the native runner; the loss kernel splits forward from backward, and the
+kernels returning new state are the updates."""
 import pytest
 
-from conftest import plan_case, random_batch
+from conftest import plan_case
 from pipelines.compile import build
 from pipelines.evaluate.kernel_profile import kind_of, profile_step
-from pipelines.runtime.step import CompiledStep
+from pipelines.runtime.step import synthetic_batch
 
 
 @pytest.mark.parametrize("symbol, kind", [
@@ -27,14 +27,13 @@ def test_every_call_is_timed_and_the_updates_are_found(tmp_path, params, host_pr
     # (every batch norm in training mode, so that the step updates running statistics)
     full, _, optimized = plan_case(params, "mbv2", statistics="every_layer")
     built = build(optimized.module, optimized.plan, host_profile, tmp_path)
-    compiled = CompiledStep(tmp_path, full.initial)
-    args = compiled.arguments(*random_batch(compiled, 0))
-    (first, second), times = profile_step(compiled, args, warmup=1, steps=2)
-    assert len(times) == 2
-    assert [s for s, _ in first] == [s for s, _ in second]  # the same calls every step
-    assert all(seconds > 0 for _, seconds in first)
-    symbols = [s for s, _ in first]
+    batches = synthetic_batch(built.signature, 0, 3)
+    calls, instrumented, plain = profile_step(tmp_path, full.initial, batches, host_profile, 3)
+    assert len(instrumented) == len(plain) == 3
+    assert all(seconds > 0 for _, seconds in calls)  # the native runner checked that each
+    symbols = [s for s, _ in calls]                    # step made the same calls
     assert sum("nll_loss" in s for s in symbols) >= 1
+    assert any(s.startswith("vm.builtin.") for s in symbols)
     updates = set(built.built["update_kernels"])
     # Kernels returning new state: the weight and momentum updates run after the loss, the
     # batch-norm running statistics before it (the profile counts those as forward).

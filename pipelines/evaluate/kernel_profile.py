@@ -1,13 +1,16 @@
 """Where a host build's step spends its time, kernel by kernel (profile@<case>).
 
-The step runs with a VM instrument that times every call the VM makes (each
-compiled kernel, and the VM's own builtins) over ``benchmark.steps`` steps after
-``benchmark.warmup``. Each call is put in a phase by its place in the step and its role:
+The native runner (runtime/native_runner.cc, ``--profile``) runs the step with a VM instrument
+written in C++ that times every call the VM makes (each compiled kernel, and the VM's own
+builtins), ``benchmark.warmup`` + ``benchmark.steps`` steps, the first not counted; a second run
+without it gives the plain step. Timed from Python, each call carried microseconds of the
+callback, and the VM's small builtins read several times their cost. Each call is put in a
+phase by its place in the step and its role:
 - forward: the calls up to the loss (the first ``nll_loss`` kernel; the fused one,
   ``softmax_nll_loss``, also computes the logits' gradient, and counts here);
 - update: calls after the loss whose result is a new parameter or optimizer state (the step's
-  outputs, as the build recorded them: analysis/liveness.py, update_kernels; batch norm's running statistics are new state too, but
-  computed before the loss, so forward);
+  outputs, as the build recorded them: analysis/liveness.py, update_kernels; batch norm's
+  running statistics are new state too, but computed before the loss, so forward);
 - backward: the other calls after the loss.
 and in a kind by the operator its kernel name starts with (conv2d, its transpose, matmul,
 batch norm, reductions, elementwise, VM builtins).
@@ -17,14 +20,15 @@ step against the plain one (what the instrument itself costs).
 from __future__ import annotations
 
 import re
-import time
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
 from pipelines.phases import Build
+from pipelines.runtime.native import build_runner, run_native, save_data, step_directory
 from pipelines.runtime.step import CompiledStep
-from pipelines.timing import step_times
 
 TOP = 15
 # kernel name -> kind: the first pattern found in the name decides (a fused kernel is named
@@ -43,28 +47,25 @@ def kind_of(symbol: str) -> str:
     return next(kind for pattern, kind in KINDS if re.search(pattern, symbol))
 
 
-def profile_step(step: CompiledStep, args, warmup: int,
-                 steps: int) -> tuple[list[list[tuple]], list[float]]:
-    """Per timed step, the VM's calls in order, (symbol, seconds); and each instrumented step's
-    time (ms)."""
-    calls, started, per_step = [], [], []
-
-    def instrument(func, symbol, before, ret, *rest):
-        if before:
-            started.append(time.perf_counter())
-        else:
-            calls.append((symbol, time.perf_counter() - started.pop()))
-        return 0  # go on as usual
-
-    def one_step():
-        calls.clear()
-        step.function(*args)
-        per_step.append(list(calls))
-
-    step.vm.set_instrument(instrument)
-    times = step_times(one_step, warmup, steps)
-    step.vm.set_instrument(None)
-    return per_step[warmup:], times
+def profile_step(build, initial: dict, batches: tuple, profile,
+                 steps: int) -> tuple[list[tuple[str, float]], list[float], list[float]]:
+    """One step's VM calls in order, (symbol, seconds summed over the ``steps`` - 1 steps after
+    the first), and each step's time (ms), instrumented and plain: the step built in ``build``
+    run by the native runner for ``profile`` (the host's) from ``initial`` on ``batches`` (as
+    many as ``steps``)."""
+    with tempfile.TemporaryDirectory(prefix="pock-profile-") as tmp:
+        work = Path(tmp)
+        runner = build_runner(profile, work / "runner")
+        step = step_directory(build, initial, work / "step")
+        (work / "data").mkdir()
+        save_data(work / "data" / "train.safetensors", Build.load(build).signature, batches)
+        logs = {}
+        for name, extra in (("plain", ()), ("profiled", ("--profile",))):
+            (work / name).mkdir()
+            logs[name] = run_native(runner, step, work / "data", work / name, profile,
+                                    args=("--steps", str(steps), *extra))
+    calls = [(symbol, seconds) for symbol, seconds in logs["profiled"]["calls"]]
+    return calls, logs["profiled"]["step_ms"], logs["plain"]["step_ms"]
 
 
 def reference_outputs(build, initial: dict, batch: tuple) -> dict[str, np.ndarray]:
@@ -76,46 +77,43 @@ def reference_outputs(build, initial: dict, batch: tuple) -> dict[str, np.ndarra
     return {name: value.numpy() for name, value in zip(step.signature["outputs"], outputs)}
 
 
-def kernel_profile(build, initial: dict, batch: tuple, warmup: int, steps: int) -> dict:
-    """The profile of the step built in ``build``, run from ``initial`` on ``batch``."""
-    step = CompiledStep(build, initial)
-    args = step.arguments(*batch)
-    plain = float(np.median(step_times(lambda: step.function(*args), warmup, steps)))
-    per_step, times = profile_step(step, args, warmup, steps)
-    instrumented = float(np.median(times))
-    updates = set(Build.load(build).built["update_kernels"])
-
+def kernel_profile(build, initial: dict, batches: tuple, profile, warmup: int,
+                   steps: int) -> dict:
+    """The profile of the step built in ``build``, run from ``initial`` on ``batches`` (as many
+    as ``warmup + steps``) by the native runner for ``profile``."""
+    calls, instrumented, plain = profile_step(build, initial, batches, profile, warmup + steps)
+    counted = warmup + steps - 1  # the first step is not counted
+    plain, instrumented = (float(np.median(t[warmup:])) for t in (plain, instrumented))
+    built = Build.load(build)
+    updates, scheme = set(built.built["update_kernels"]), built.signature["scheme"]
     phases, kinds, kernels = defaultdict(float), defaultdict(float), defaultdict(float)
     counts = defaultdict(int)
-    for calls in per_step:
-        loss_at = next(i for i, (s, _) in enumerate(calls) if "nll_loss" in s)
-        for index, (symbol, seconds) in enumerate(calls):
-            phase = ("forward" if index <= loss_at else
-                     "update" if symbol in updates else "backward")
-            phases[phase] += seconds
-            kinds[kind_of(symbol)] += seconds
-            kernels[(symbol, phase)] += seconds
-            counts[(symbol, phase)] += 1
-    n = len(per_step)
-    total = sum(phases.values()) / n
+    loss_at = next(i for i, (s, _) in enumerate(calls) if "nll_loss" in s)
+    for index, (symbol, seconds) in enumerate(calls):
+        phase = "forward" if index <= loss_at else "update" if symbol in updates else "backward"
+        phases[phase] += seconds
+        kinds[kind_of(symbol)] += seconds
+        kernels[(symbol, phase)] += seconds
+        counts[(symbol, phase)] += 1
+    total = sum(phases.values()) / counted
 
     def table(values: dict) -> dict:
-        return {k: {"ms_per_step": v / n * 1e3, "share": v / n / total}
+        return {k: {"ms_per_step": v / counted * 1e3, "share": v / counted / total}
                 for k, v in sorted(values.items(), key=lambda kv: -kv[1])}
 
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:TOP]
     return {
-        "device": "host", "scheme": step.signature["scheme"], "steps": n,
-        "calls_per_step": len(per_step[0]),
+        "device": "host", "scheme": scheme, "steps": counted, "timed_by": "native runner",
+        "calls_per_step": len(calls),
         "plain_step_ms": plain,
         "instrumented_step_ms": instrumented,
         "kernel_time_ms": total * 1e3,  # the sum of the calls' times
-        # The instrument is a Python callback: each timed call carries part of its cost, so
-        # small calls (the VM builtins) read high. Spread over the calls:
-        "instrument_us_per_call": (instrumented - plain) / len(per_step[0]) * 1e3,
+        # what timing each call costs, spread over the calls
+        "instrument_us_per_call": (instrumented - plain) / len(calls) * 1e3,
         "phases": table(phases), "kinds": table(kinds),
         "top_kernels": [{"kernel": symbol, "phase": phase, "kind": kind_of(symbol),
-                         "calls_per_step": counts[(symbol, phase)] // n,
-                         "ms_per_step": seconds / n * 1e3, "share": seconds / n / total}
+                         "calls_per_step": counts[(symbol, phase)],
+                         "ms_per_step": seconds / counted * 1e3,
+                         "share": seconds / counted / total}
                         for (symbol, phase), seconds in top],
     }
