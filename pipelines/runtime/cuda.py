@@ -1,5 +1,6 @@
-"""TVM's CUDA runtime in this process, for a step built for an NVIDIA GPU (the Python runners:
-step.py and python_runner.py; the native runner loads the same library itself)."""
+"""TVM's CUDA runtime in this process, for a step built for an NVIDIA GPU, and how such a step's
+state is kept between calls (the Python runners: step.py and python_runner.py; the native
+runner does both itself)."""
 from __future__ import annotations
 
 import tvm
@@ -27,3 +28,14 @@ def cuda_device():
     if not device.exist:
         raise RuntimeError("no NVIDIA GPU on this machine (TVM's CUDA runtime finds none)")
     return device
+
+
+def keep(state: dict, name: str, value, resident: bool) -> None:
+    """State entry ``name`` takes ``value``, a new value the step gave it. A step replaying
+    CUDA graphs (``resident``: build.json's ``cuda_graph``) reads its state from the tensors
+    it captured on its first call: a new value is copied into them, never put in their
+    place."""
+    if not resident:
+        state[name] = value
+    elif not state[name].same_as(value):
+        state[name].copyfrom(value)

@@ -550,19 +550,21 @@ int run(const Args& args) {
   CallProfile profile;
   if (args.profile) vm->GetFunction("set_instrument").value()(profile.instrument());
 
-  // The state readable here, each tensor finite (on a GPU only checked here, per epoch: a
-  // non-finite weight makes the next step's loss non-finite, which is checked every step).
+  // The state readable here: on the CPU the tensors themselves, which every step checked; on a
+  // GPU a copy, each tensor checked finite (only here, per epoch: a non-finite weight makes the
+  // next step's loss non-finite, which is checked every step).
   auto state_on_host = [&](const std::string& where) {
     std::vector<std::pair<std::string, ffi::Tensor>> all;
     for (const auto& [name, t] : state) {
       all.emplace_back(name, device.on_host_copy(t));
-      if (!finite(all.back().second))
+      if (!device.on_host() && !finite(all.back().second))
         throw Failure(kNotFinite, where + ": " + name + " is not finite; " + args.out_dir +
                       " keeps the state of the last finished epoch");
     }
     return all;
   };
 
+  std::vector<std::pair<std::string, ffi::Tensor>> checkpoint;  // the last epoch's state
   std::vector<double> losses, step_ms;
   std::vector<int64_t> order(examples), logged_order;
   std::vector<ffi::AnyView> call(inputs.size() + state_names.size());
@@ -616,16 +618,16 @@ int run(const Args& args) {
       ++taken;
     }
     // a checkpoint per epoch
-    save_safetensors(args.out_dir + "/state.safetensors",
-                     state_on_host("epoch " + std::to_string(epoch + 1)));
+    checkpoint = state_on_host("epoch " + std::to_string(epoch + 1));
+    save_safetensors(args.out_dir + "/state.safetensors", checkpoint);
     std::printf("epoch %lld/%lld: mean loss %.4f\n", epoch + 1, args.epochs,
                 epoch_steps ? epoch_loss / epoch_steps : 0.0);
     std::fflush(stdout);
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
 
-  std::map<std::string, ffi::Tensor> final_state;
-  for (auto& [name, t] : state) final_state[name] = device.on_host_copy(t);
+  // the last checkpoint is the final state: the run ends after an epoch
+  std::map<std::string, ffi::Tensor> final_state(checkpoint.begin(), checkpoint.end());
   std::vector<std::pair<std::string, ffi::Tensor>> weights;
   for (const auto& [step_name, source_name] : weight_names)
     if (final_state.count(step_name)) weights.emplace_back(source_name, final_state[step_name]);

@@ -29,7 +29,7 @@ from tvm.runtime.vm import VirtualMachine  # noqa: E402
 from pipelines.io import write_json_atomic, write_text_atomic  # noqa: E402
 from pipelines.runtime.checks import (StepError, check_batch, check_finite,  # noqa: E402
                                       check_shapes)
-from pipelines.runtime.cuda import cuda_device  # noqa: E402
+from pipelines.runtime.cuda import cuda_device, keep  # noqa: E402
 from pipelines.runtime.peak_memory import peak_resident_bytes  # noqa: E402
 
 MASK = (1 << 64) - 1
@@ -120,7 +120,7 @@ def run(args) -> int:
     tvm.runtime.empty((1,), "float32", device)  # a GPU's context, before its memory is read
     free_at_start = least_free = device.available_global_memory if gpu else None
     state = {n: tvm.runtime.tensor(saved[n], device) for n in types}
-    resident = manifest.get("resident", False)  # the native runner's comment says why
+    resident = manifest.get("resident", False)  # cuda.keep says why
     batch = manifest["batch"]
     rng, losses, step_ms, order_log = [args.seed], [], [], []
     began = time.perf_counter()
@@ -146,14 +146,12 @@ def run(args) -> int:
                 n: np.from_dlpack(v) for n, v in zip(manifest["updates"], outputs[1:])})},
                 where, True)
             for name, value in zip(manifest["updates"], outputs[1:]):
-                if resident and not state[name].same_as(value):
-                    state[name].copyfrom(value)
-                else:
-                    state[name] = value
+                keep(state, name, value, resident)
             losses.append(float(loss))
             order_log.extend(index)
         arrays = {n: v.numpy() for n, v in state.items()}
-        check_finite(arrays, f"epoch {epoch + 1}", True)  # on a GPU, checked only here
+        if gpu:  # checked only here; on the CPU, every step checked its new state
+            check_finite(arrays, f"epoch {epoch + 1}", True)
         save_atomic(arrays, args.out / "state.safetensors")  # a checkpoint per epoch
         print(f"epoch {epoch + 1}/{args.epochs}: mean loss "
               f"{np.mean(losses[-(count // batch):]):.4f}", flush=True)

@@ -15,7 +15,7 @@ from tvm.runtime.vm import VirtualMachine  # the runtime's VM: no compiler neede
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts, before they start)
 from pipelines.io import read_json, verified
 from pipelines.runtime.checks import BadBatch, check_batch, check_finite, check_shapes
-from pipelines.runtime.cuda import cuda_device
+from pipelines.runtime.cuda import cuda_device, keep
 
 LIBRARY, SIGNATURE, BUILT = "step.so", "signature.json", "build.json"
 
@@ -76,7 +76,7 @@ class CompiledStep:
                          for name, value in zip(self.updates, outputs[1:])}}, where,
                      self.in_place)
         for name, value in zip(self.updates, outputs[1:]):
-            self._keep(name, value)
+            keep(self.state, name, value, self.resident)
         self.steps += 1
         return float(outputs[0].numpy())
 
@@ -87,14 +87,7 @@ class CompiledStep:
         if value.dtype != old.dtype or tuple(value.shape) != tuple(old.shape):
             raise BadBatch(f"state {name!r}: {value.dtype} {list(value.shape)}; allowed: "
                            f"{old.dtype} {list(old.shape)}")
-        self._keep(name, value)
-
-    def _keep(self, name: str, value) -> None:
-        """State entry ``name`` takes ``value``, a new value the step gave it."""
-        if not self.resident:
-            self.state[name] = value
-        elif not self.state[name].same_as(value):
-            self.state[name].copyfrom(value)
+        keep(self.state, name, value, self.resident)
 
     def _on_host(self, value) -> np.ndarray:
         """A state tensor as numpy: a view of it on the CPU, a copy from the GPU."""
