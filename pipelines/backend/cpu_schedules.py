@@ -317,7 +317,8 @@ def apply_database(mod: tvm.IRModule, target, database) -> tuple[tvm.IRModule, C
 
 def schedule_cpu(mod: tvm.IRModule, target, database=None) -> tuple[tvm.IRModule, Counter]:
     """``mod`` as a CPU build schedules it: kernels with a record in ``database`` take their
-    tuned schedule, the rest the default one; with how many kernels each way went."""
+    tuned schedule (or their anchor block's: apply_database), the rest the default one; with
+    how many kernels each way went."""
     tuned = Counter()
     if database is not None and target.kind.name == "llvm":
         mod, tuned = apply_database(mod, target, database)

@@ -49,7 +49,7 @@ def kind_of(symbol: str) -> str:
 
 def profile_step(build, initial: dict, batches: tuple, profile,
                  steps: int) -> tuple[list[tuple[str, float]], list[float], list[float]]:
-    """One step's VM calls in order, (symbol, seconds summed over the ``steps`` - 1 steps after
+    """One step's VM calls in order, (symbol, median seconds over the ``steps`` - 1 steps after
     the first), and each step's time (ms), instrumented and plain: the step built in ``build``
     run by the native runner for ``profile`` (the host's) from ``initial`` on ``batches`` (as
     many as ``steps``)."""
@@ -82,7 +82,6 @@ def kernel_profile(build, initial: dict, batches: tuple, profile, warmup: int,
     """The profile of the step built in ``build``, run from ``initial`` on ``batches`` (as many
     as ``warmup + steps``) by the native runner for ``profile``."""
     calls, instrumented, plain = profile_step(build, initial, batches, profile, warmup + steps)
-    counted = warmup + steps - 1  # the first step is not counted
     plain, instrumented = (float(np.median(t[warmup:])) for t in (plain, instrumented))
     built = Build.load(build)
     updates, scheme = set(built.built["update_kernels"]), built.signature["scheme"]
@@ -95,25 +94,25 @@ def kernel_profile(build, initial: dict, batches: tuple, profile, warmup: int,
         kinds[kind_of(symbol)] += seconds
         kernels[(symbol, phase)] += seconds
         counts[(symbol, phase)] += 1
-    total = sum(phases.values()) / counted
+    total = sum(phases.values())
 
     def table(values: dict) -> dict:
-        return {k: {"ms_per_step": v / counted * 1e3, "share": v / counted / total}
+        return {k: {"ms_per_step": v * 1e3, "share": v / total}
                 for k, v in sorted(values.items(), key=lambda kv: -kv[1])}
 
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:TOP]
     return {
-        "device": "host", "scheme": scheme, "steps": counted, "timed_by": "native runner",
+        "device": "host", "scheme": scheme, "steps": warmup + steps - 1,  # the first not counted
+        "timed_by": "native runner",
         "calls_per_step": len(calls),
         "plain_step_ms": plain,
         "instrumented_step_ms": instrumented,
-        "kernel_time_ms": total * 1e3,  # the sum of the calls' times
+        "kernel_time_ms": total * 1e3,  # the sum of the calls' median times
         # what timing each call costs, spread over the calls
         "instrument_us_per_call": (instrumented - plain) / len(calls) * 1e3,
         "phases": table(phases), "kinds": table(kinds),
         "top_kernels": [{"kernel": symbol, "phase": phase, "kind": kind_of(symbol),
                          "calls_per_step": counts[(symbol, phase)],
-                         "ms_per_step": seconds / counted * 1e3,
-                         "share": seconds / counted / total}
+                         "ms_per_step": seconds * 1e3, "share": seconds / total}
                         for (symbol, phase), seconds in top],
     }

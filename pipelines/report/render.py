@@ -139,9 +139,9 @@ def kernel_profile(name: str, profile: dict) -> list[str]:
 
     lines = [f"## {name}: where the time goes (host build, kernel by kernel)", "",
              f"{profile['calls_per_step']} VM calls per step take {profile['kernel_time_ms']:.2f} "
-             f"ms (the plain step: {profile['plain_step_ms']:.2f} ms), each timed in C++ by the "
-             f"native runner, which adds about {profile['instrument_us_per_call']:.2f} µs per "
-             "call.", "",
+             f"ms, each call's median over the steps (the plain step: "
+             f"{profile['plain_step_ms']:.2f} ms). The native runner times each call in C++, "
+             f"which adds about {profile['instrument_us_per_call']:.2f} µs per call.", "",
              f"- by phase: {share(profile['phases'])}",
              f"- by kind: {share(profile['kinds'])}", "",
              "| kernel | phase | kind | calls/step | ms/step | share |", "|---|---|---|---|---|---|"]

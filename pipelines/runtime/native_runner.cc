@@ -17,7 +17,7 @@
 // log.json (losses, batch order, step times, peak resident memory; on a GPU the device memory
 // the run held above its start). With --profile, every call the VM makes (each kernel and each of
 // its own builtins) is timed here in C++, and log.json's "calls" lists one step's calls in
-// order, each with its seconds summed over the steps after the first.
+// order, each with its median seconds over the steps after the first.
 //
 // Exit codes: 0 done; 2 bad input (the message names the file, the tensor and what is allowed);
 // 3 a step's loss or new state is not finite (OUT keeps the state of the last finished epoch);
@@ -362,7 +362,8 @@ struct Args {
 // Each VM call of a step timed, through the VM's instrument (called before and after each
 // call): a C++ callback, so the timing costs tens of nanoseconds, not a Python call's
 // microseconds. A step's calls are the same every step (the VM program has no branches); each
-// position's seconds are summed over the steps after the first.
+// position's median over the steps after the first is reported (a busy machine's outliers
+// would dominate a mean).
 class CallProfile {
  public:
   void start_step(bool counted) {
@@ -377,25 +378,29 @@ class CallProfile {
       } else if (counted_) {
         double seconds = std::chrono::duration<double>(now - started_).count();
         ffi::String symbol = args[1].cast<ffi::String>();
-        if (position_ == calls_.size()) calls_.emplace_back(symbol, 0.0);
+        if (position_ == calls_.size()) calls_.emplace_back(symbol, std::vector<double>());
         else if (calls_[position_].first != symbol.c_str())
           throw std::runtime_error("--profile: call " + std::to_string(position_ + 1) + " was " +
                                    calls_[position_].first + ", now " + std::string(symbol));
-        calls_[position_++].second += seconds;
+        calls_[position_++].second.push_back(seconds);
       }
       *rv = 0;  // go on as usual
     });
   }
-  std::string json() const {
+  std::string json() {
     std::ostringstream text;
     text << "[";
-    for (size_t i = 0; i < calls_.size(); ++i)
-      text << (i ? ",\n  " : "") << "[\"" << calls_[i].first << "\", " << calls_[i].second << "]";
+    for (size_t i = 0; i < calls_.size(); ++i) {
+      auto& times = calls_[i].second;
+      std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+      text << (i ? ",\n  " : "") << "[\"" << calls_[i].first << "\", "
+           << times[times.size() / 2] << "]";
+    }
     return text.str() + "]";
   }
 
  private:
-  std::vector<std::pair<std::string, double>> calls_;
+  std::vector<std::pair<std::string, std::vector<double>>> calls_;
   std::chrono::steady_clock::time_point started_;
   size_t position_ = 0;
   bool counted_ = false;
