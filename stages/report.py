@@ -7,7 +7,7 @@ the report embeds).
 from pipelines.config import load_params
 from pipelines.io import ARTIFACTS, atomic_dir, write_text_atomic
 from pipelines.report.plots import write_plots
-from pipelines.report.render import load, render
+from pipelines.report.render import cases_by_model, load, render
 from pipelines.stage import run_stage
 
 
@@ -17,7 +17,7 @@ def main() -> None:
     found = load(ARTIFACTS / "metrics", cases, params.deploy, params.devices,
                  params.package.devices)
     with atomic_dir(ARTIFACTS / "plots") as tmp:
-        write_plots(tmp, found, params.deploy)
+        write_plots(tmp, found, params.deploy, cases_by_model(cases))
     write_text_atomic(ARTIFACTS / "report.md", render(found, cases, params.deploy))
     print(f"report: {ARTIFACTS / 'report.md'}")
 

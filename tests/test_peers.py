@@ -12,11 +12,13 @@ from pipelines.peers import why_not
 
 ORT = ["ort_training_full", "ort_training_frozen"]
 TF = ["tensorflow_full", "tensorflow_frozen"]
+ET = ["executorch_full", "executorch_frozen"]
 # Found, not imported: TensorFlow's import loads Keras on its TensorFlow backend for good, and
 # the Keras frontend's tests in the same worker need it on JAX. The peers import them in their
 # own processes.
 pytestmark = pytest.mark.skipif(
-    not all(importlib.util.find_spec(name) for name in ("onnxruntime", "tensorflow")),
+    not all(importlib.util.find_spec(name)
+            for name in ("onnxruntime", "tensorflow", "executorch")),
     reason="the peers extra is not installed: pip install -e '.[peers]'")
 
 
@@ -50,10 +52,29 @@ def test_tensorflow_says_what_it_cannot_do(small):
     assert "not AdamW" in why_not("tensorflow_frozen", adam, small.models["mbv2"])
 
 
+def test_executorch_says_what_it_cannot_do():
+    import torch
+
+    from pipelines.peers.executorch_training import refuse_training_norms
+
+    signature = {"task": "classification", "optimizer": {"torch_class": "AdamW"}}
+    for peer in ET:
+        assert "SGD optimizer only, not AdamW" in why_not(peer, signature, None)
+        assert why_not(peer, {**signature, "optimizer": {"torch_class": "SGD"}}, None) is None
+        assert "pair_ranking" in why_not(peer, {**signature, "task": "pair_ranking"}, None)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    with pytest.raises(ValueError, match="batch norm that updates its statistics .1: 1 "):
+        refuse_training_norms(model)
+    refuse_training_norms(model.eval())  # held statistics lower
+
+
+# ExecuTorch on mbv2 (the paper's scheme: every batch norm holds its statistics) and on a causal
+# LM, its frozen and its full peer.
 @pytest.mark.slow
 @pytest.mark.parametrize("case, model, optimizer, peers", [
-    ("mbv2", "mbv2", "sgd", ORT + TF), ("minilm_lora", "minilm", "adamw", ORT),
-    ("llama_paper", "llama_tiny", "sgd", ORT)])
+    ("mbv2", "mbv2", "sgd", [*ORT, *TF, "executorch_frozen"]),
+    ("minilm_lora", "minilm", "adamw", ORT),
+    ("llama_paper", "llama_tiny", "sgd", [*ORT, "executorch_full"])])
 def test_peers_agree_with_pytorch_and_are_timed(small, build_case, tmp_path_factory, case,
                                                 model, optimizer, peers):
     spec = spec_of(small, build_case, tmp_path_factory, case, model, optimizer)
@@ -64,3 +85,4 @@ def test_peers_agree_with_pytorch_and_are_timed(small, build_case, tmp_path_fact
     results = time_interleaved(spec, ["compiled", *peers])
     for peer in peers:
         assert results[peer]["steps"] == 2 and results[peer]["median_ms"] > 0
+

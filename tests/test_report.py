@@ -2,8 +2,8 @@
 table, a case that failed on the GPU said so with its error, nothing dropped; each package's
 trial with both runners' figures, or why it did not run; a fine-tuned case's held-out score as
 its task reads it."""
-from pipelines.report.plots import gpu_rows, gpu_svg
-from pipelines.report.render import case_table, device_table, gpu_tables
+from pipelines.report.plots import gpu_rows, gpu_svg, peer_rows
+from pipelines.report.render import case_table, device_table, gpu_tables, peer_table
 
 
 def _timed(ms: float) -> dict:
@@ -88,3 +88,32 @@ def test_a_case_is_read_by_accuracy_or_a_language_model_by_perplexity():
     assert row["classifier"].endswith("| 0.100, 0.900, 0.890 |")
     assert row["lm"].endswith("| 90.000, 33.100, 33.200 (perplexity) |")
     assert row["timed"].endswith("| 1.00 MiB |  |")
+
+
+def test_every_peer_that_timed_a_model_is_a_column_and_a_bar():
+    def peer(ms: float) -> dict:
+        return {"median_ms": ms, "peak_rss_bytes": 64 * 2**20}
+
+    found = {"evaluate": {
+        "mbv2": {"speed": {"compiled": {**peer(0.8), "examples_per_s": 1e4},
+                           "ort_training_frozen": peer(15.0),
+                           "speedup_vs_ort_training_frozen": 18.75,
+                           "executorch_frozen": peer(68.0), "speedup_vs_executorch_frozen": 85.0,
+                           "not_timed": {"executorch_full": "failed: ValueError: batch norm"}}},
+        "mbv2_full": {"speed": {"compiled": {**peer(4.0), "examples_per_s": 2e3},
+                                "ort_training_frozen": peer(20.0),
+                                "speedup_vs_ort_training_frozen": 5.0}},
+        "mbv2_plain": None}}
+    names = ["mbv2", "mbv2_full", "mbv2_plain"]
+    lines = peer_table("mbv2", names, found)
+    assert lines[2] == "![mbv2: the compiled step's speedup over each peer](plots/peers-mbv2.svg)"
+    assert lines[4] == "| case | compiled | ort_training_frozen | executorch_frozen |"
+    (paper,) = [line for line in lines if line.startswith("| mbv2 |")]
+    assert "| 15.00 ms (18.75x, 64.00 MiB) | 68.00 ms (85.00x, 64.00 MiB) |" in paper
+    (full,) = [line for line in lines if line.startswith("| mbv2_full |")]
+    assert full.endswith("| 20.00 ms (5.00x, 64.00 MiB) |  |")  # not timed: blank
+    rows = peer_rows(names, found)
+    assert [(r["case"], r["peer"], r["speedup"]) for r in rows] == [
+        ("mbv2", "ort_training_frozen", 18.75), ("mbv2", "executorch_frozen", 85.0),
+        ("mbv2_full", "ort_training_frozen", 5.0)]
+    assert peer_table("llama", ["mbv2_plain"], found) == []  # nothing timed: no table

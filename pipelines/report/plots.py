@@ -5,6 +5,8 @@
   optimizer state, parameter gradients, activations kept for backward;
 - finetune-<case>.svg: a deploy case's fine-tuning loss and test accuracy, compiled step vs
   PyTorch (the data are evaluate@<case>'s curves, which DVC plots directly);
+- peers-<model>.json / .svg: per model, how many times faster each case's compiled step is
+  than each peer that timed it on the host in the same run;
 - gpu-<run>.json / .svg: per committed GPU run (artifacts/metrics/gpu/<run>.json), how many
   times faster each case's compiled step is than each peer in the same run.
 SVGs are written without dates and with a fixed hash salt, so the same metrics give the same
@@ -21,7 +23,7 @@ matplotlib.use("svg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pipelines.io import write_json_atomic, write_text_atomic  # noqa: E402
-from pipelines.report.render import PEERS  # noqa: E402  (the GPU peers, as the tables name them)
+from pipelines.report.render import PEERS, timed_peers  # noqa: E402
 
 MEMORY_PARTS = {"weights_bytes": "weights", "optimizer_state_bytes": "optimizer state",
                 "param_grad_bytes": "parameter gradients",
@@ -60,6 +62,14 @@ def gpu_rows(run: dict) -> list[dict]:
             for case, result in run.items() if case != "machine"
             for speed in [result.get("speed", {})]
             for peer, label in PEERS.items() if f"speedup_vs_{peer}" in speed]
+
+
+def peer_rows(names: list[str], found: dict) -> list[dict]:
+    """The host's speedups of the cases ``names`` over each peer that timed them."""
+    peers = timed_peers(names, found)
+    return [{"case": name, "peer": peer, "speedup": speed[f"speedup_vs_{peer}"]}
+            for name in names for speed in [(found["evaluate"][name] or {}).get("speed") or {}]
+            for peer in peers if f"speedup_vs_{peer}" in speed]
 
 
 def _svg(fig) -> str:
@@ -110,23 +120,36 @@ def finetune_svg(loss: list[dict], evaluations: list[dict]) -> str:
     return _svg(fig)
 
 
-def gpu_svg(rows: list[dict], gpu: str) -> str:
+def speedup_svg(rows: list[dict], where: str, title: str) -> str:
+    """Bars of the compiled step's speedup over each peer, per case (``rows``: peer_rows or
+    gpu_rows)."""
     fig, ax = plt.subplots(figsize=(7, 0.32 * len(rows) + 1.2))
     labels = [f"{r['case']}: vs {r['peer']}" for r in rows][::-1]
     ax.barh(labels, [r["speedup"] for r in rows][::-1], color="tab:blue")
     ax.axvline(1.0, color="black", linewidth=0.8)  # as fast as the peer
     ax.set_xscale("log")
-    ax.set_xlabel("compiled step's speed over the peer's (x, same GPU, same run)")
-    ax.set_title(f"Fine-tuning steps on {gpu}")
+    ax.set_xlabel(f"compiled step's speed over the peer's (x, {where}, same run)")
+    ax.set_title(title)
     return _svg(fig)
 
 
-def write_plots(out: Path, found: dict, deploy: list) -> None:
+def gpu_svg(rows: list[dict], gpu: str) -> str:
+    return speedup_svg(rows, "same GPU", f"Fine-tuning steps on {gpu}")
+
+
+def write_plots(out: Path, found: dict, deploy: list, models: dict) -> None:
+    """Every plot into ``out``; ``models``: each model's cases, in order."""
     latency, memory = latency_rows(found), memory_rows(found)
     write_json_atomic(out / "latency.json", latency)
     write_json_atomic(out / "memory.json", memory)
     write_text_atomic(out / "latency.svg", latency_svg(latency))
     write_text_atomic(out / "memory.svg", memory_svg(memory))
+    for model, names in models.items():
+        rows = peer_rows(names, found)
+        if rows:
+            write_json_atomic(out / f"peers-{model}.json", rows)
+            write_text_atomic(out / f"peers-{model}.svg", speedup_svg(
+                rows, "host", f"{model}: fine-tuning steps beside every peer"))
     for case in deploy:
         loss, evaluations = found["curves"][case]
         if loss:

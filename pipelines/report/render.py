@@ -89,6 +89,41 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
                     *(["Not timed:", "", *not_timed, ""] if not_timed else [])]
 
 
+def timed_peers(names: list[str], found: dict) -> list[str]:
+    """Every peer that timed one of the cases ``names`` (in their metrics' order)."""
+    peers: dict[str, None] = {}
+    for name in names:
+        speed = (found["evaluate"][name] or {}).get("speed") or {}
+        peers.update((key, None) for key, value in speed.items()
+                     if key != "compiled" and isinstance(value, dict) and "median_ms" in value)
+    return list(peers)
+
+
+def peer_table(model: str, names: list[str], found: dict) -> list[str]:
+    """Each case of ``model`` beside every peer that timed it, in the same run: the peer's
+    step time, the compiled step's speed over it, and its peak memory."""
+    peers = timed_peers(names, found)
+    if not peers:
+        return []
+    lines = [f"### {model}: every peer, same run (ms/step, compiled's speedup, peak memory)", "",
+             f"![{model}: the compiled step's speedup over each peer](plots/peers-{model}.svg)",
+             "", "| case | compiled | " + " | ".join(peers) + " |",
+             "|---|---|" + "---|" * len(peers)]
+    for name in names:
+        speed = (found["evaluate"][name] or {}).get("speed")
+        if not speed:
+            continue
+        compiled = speed["compiled"]
+        cells = [f"{speed[p]['median_ms']:.2f} ms ({_x(speed.get(f'speedup_vs_{p}'))}, "
+                 f"{_mib(speed[p]['peak_rss_bytes'])})" if p in speed else "" for p in peers]
+        lines.append(f"| {name} | {compiled['median_ms']:.2f} ms "
+                     f"({_mib(compiled['peak_rss_bytes'])}) | " + " | ".join(cells) + " |")
+    return lines + ["", "Every peer that is not PyTorch agreed with PyTorch doing the same "
+                    "update on its first losses before it was timed (`speed.<peer>.first_"
+                    "losses` in the metrics); a blank: not timed, for the reason listed above.",
+                    ""]
+
+
 def sparse_tables(name: str, report: dict, plan: dict) -> list[str]:
     lines = [f"## {name}: what the scheme `{report['scheme']}` removes from full "
              "backpropagation", "", "| | full BP | pruned | removed |", "|---|---|---|---|"]
@@ -274,17 +309,23 @@ def gpu_tables(runs: dict) -> list[str]:
     return lines
 
 
-def render(found: dict, cases: dict, deploy: list) -> str:
+def cases_by_model(cases: dict) -> dict[str, list[str]]:
+    """Each model's cases, in the config's order."""
     by_model: dict[str, list[str]] = {}
     for name, case in cases.items():
         by_model.setdefault(case["model"], []).append(name)
+    return by_model
+
+
+def render(found: dict, cases: dict, deploy: list) -> str:
+    by_model = cases_by_model(cases)
     lines = ["# pockengine report", "",
              f"{len(cases)} cases compiled through the chain (params.yaml `cases`) and evaluated "
              f"on the host; deployed: {', '.join(deploy) or 'none'}.", "",
              "![step latency per case](plots/latency.svg)", "",
              "![training memory per case](plots/memory.svg)", ""]
     for model, names in by_model.items():
-        lines += case_table(model, names, cases, found)
+        lines += case_table(model, names, cases, found) + peer_table(model, names, found)
     for name in deploy:
         if found["prune"][name] and found["optimize"][name]:
             lines += sparse_tables(name, found["prune"][name], found["optimize"][name])
