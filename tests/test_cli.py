@@ -41,7 +41,7 @@ def test_gpu_bench_refuses_an_unknown_peer_before_reading_the_bundle(tmp_path, c
     code = cli.main(["gpu", "bench", str(tmp_path / "no-bundle"), str(tmp_path / "out.json"),
                      "--peers", "torch_eager_full,tflite"])
     assert code == cli.EXIT_INPUT
-    assert "--peers: no peer ['tflite']; allowed: ['ort_training_frozen'" in capsys.readouterr().err
+    assert "--peers: no peer ['tflite']; allowed: ['executorch_frozen'" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()
 
 
