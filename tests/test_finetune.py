@@ -92,3 +92,32 @@ def test_a_step_count_cuts_the_last_epoch_and_evaluations_come_every_n_steps(tmp
                                              for s in range(13)]
     assert [(e["epoch"], e["step"]) for e in run.evaluations] == [
         (0, 0), (0.5, 5), (1, 10), (1.3, 13)]
+
+
+def test_several_runs_give_each_runs_scores_their_mean_and_spread(tmp_path, host_profile):
+    from pipelines.compile import compile
+    from pipelines.config import Benchmark
+    from pipelines.evaluate.case import evaluate_case
+    from pipelines.resolve import EvaluateInputs
+
+    model = model_section(frontend="torch", source="tests/frontends/task_heads.py",
+                          entry="classifier", batch_size=4, finetune={"epochs": 1, "runs": 3})
+    compiled = compile(model, [{"modules": ["*"]}], ADAMW, host_profile, tmp_path / "build")
+    inputs = EvaluateInputs(case="c", model_name="m", model=model, scheme="full",
+                            optimizer_name="adamw", optimizer=ADAMW, lora=None,
+                            evaluate=["finetune"], benchmark=Benchmark(
+                                warmup=0, steps=1, rounds=1, min_seconds=0, peers=[]), seed=5)
+    checkpoints = tmp_path / "checkpoints"
+    result = evaluate_case(inputs, 1, compiled.directory, compiled.initial, _classifier_data(2),
+                           compiled.report, compiled.plan, checkpoints)
+    tuned = result.metrics["finetune"]
+    runs = tuned["runs"]
+    assert runs["seeds"] == [5, 6, 7]
+    # the first run is the case's own; the others shuffle their batches differently
+    assert runs["final_epoch_loss_compiled"][0] == tuned["final_epoch_loss_compiled"]
+    assert len(set(runs["final_epoch_loss_compiled"])) == 3
+    for key in ("accuracy_compiled", "accuracy_pytorch", "final_epoch_loss_pytorch"):
+        assert runs[f"{key}_mean"] == pytest.approx(np.mean(runs[key]))
+        assert runs[f"{key}_std"] == pytest.approx(np.std(runs[key]))
+    # each run keeps its own checkpoint, so a killed evaluate@ goes on with the run it was in
+    assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == ["run-2", "run-3"]

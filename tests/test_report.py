@@ -2,6 +2,7 @@
 table, a case that failed on the GPU said so with its error, nothing dropped; each package's
 trial with both runners' figures, or why it did not run; a fine-tuned case's held-out score as
 its task reads it."""
+from pipelines.evaluate.finetune import over_runs
 from pipelines.report.plots import gpu_rows, gpu_svg, peer_rows
 from pipelines.report.render import case_table, device_table, gpu_tables, peer_table
 
@@ -79,6 +80,11 @@ def test_a_case_is_read_by_accuracy_or_a_language_model_by_perplexity():
              "lm": {"held_out_loss_before": 4.5, "held_out_loss_compiled": 3.5,
                     "held_out_loss_pytorch": 3.5, "perplexity_before": 90.0,
                     "perplexity_compiled": 33.1, "perplexity_pytorch": 33.2},
+             "runs": {"accuracy_before": 0.1, "accuracy_compiled": 0.9, "accuracy_pytorch": 0.8,
+                      "runs": over_runs([0, 1], [{"accuracy_compiled": 0.9,
+                                                  "accuracy_pytorch": 0.8},
+                                                 {"accuracy_compiled": 0.96,
+                                                  "accuracy_pytorch": 0.9}])},
              "timed": None}
     found = {"evaluate": {name: {"cost": cost, "plan": plan, "finetune": finetune}
                           for name, finetune in tuned.items()}}
@@ -87,6 +93,8 @@ def test_a_case_is_read_by_accuracy_or_a_language_model_by_perplexity():
     row = {line.split(" |")[0][2:]: line for line in lines if line.startswith("| ")}
     assert row["classifier"].endswith("| 0.100, 0.900, 0.890 |")
     assert row["lm"].endswith("| 90.000, 33.100, 33.200 (perplexity) |")
+    # several runs: their mean and standard deviation, not the first run's score
+    assert row["runs"].endswith("| 0.100, 0.930 ± 0.030, 0.850 ± 0.050 (2 runs) |")
     assert row["timed"].endswith("| 1.00 MiB |  |")
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.data import timing_batch
-from pipelines.evaluate.finetune import CHECKED_STEPS, Finetuned, check_first_losses, finetune
+from pipelines.evaluate.finetune import (CHECKED_STEPS, Finetuned, check_first_losses, finetune,
+                                         over_runs)
 from pipelines.evaluate.speed import Spec, measure
 from pipelines.frontends.twin import step_batch, torch_twin
 from pipelines.io import read_json, save_arrays
@@ -140,10 +141,18 @@ def evaluate_case(inputs, cores: int, build: Path, initial: dict, data: dict | N
                         "recomputed": plan["recomputed"]}}
     finetuned = None
     if "finetune" in inputs.evaluate:
-        finetuned = finetune(model, build, initial, optimizer, data, model.finetune.epochs,
-                             inputs.seed, inputs.lora, inputs.case, checkpoints,
-                             model.finetune.checkpoint_every)
+        def run(k: int) -> Finetuned:  # the k-th run (finetune.runs), batches seeded seed + k
+            return finetune(model, build, initial, optimizer, data, model.finetune.epochs,
+                            inputs.seed + k, inputs.lora,
+                            inputs.case if k == 0 else f"{inputs.case} run {k + 1}",
+                            checkpoints and (checkpoints / f"run-{k + 1}" if k else checkpoints),
+                            model.finetune.checkpoint_every)
+        finetuned = run(0)
         metrics["finetune"] = finetuned.metrics
+        if model.finetune.runs > 1:  # the others' metrics only: the first run's weights stand
+            seeds = [inputs.seed + k for k in range(model.finetune.runs)]
+            metrics["finetune"]["runs"] = over_runs(
+                seeds, [finetuned.metrics] + [run(k).metrics for k in range(1, len(seeds))])
         checked = finetuned.losses[:CHECKED_STEPS]
         metrics["losses"] = {side: [r[side] for r in checked] for side in ("compiled", "pytorch")}
     if "speed" in inputs.evaluate:

@@ -178,6 +178,18 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     return Finetuned(metrics, losses, curve, compiled, weights, optimizer_state, export)
 
 
+def over_runs(seeds: list[int], runs: list[dict]) -> dict:
+    """Each run's held-out scores and final-epoch losses (``runs``: their metrics, in the order
+    of ``seeds``), and per score the runs' mean and standard deviation."""
+    summary = {"seeds": seeds}
+    for key in (k for k, v in runs[0].items()
+                if k.endswith(("_compiled", "_pytorch")) and isinstance(v, float)):
+        values = [run[key] for run in runs]
+        summary |= {key: values, f"{key}_mean": float(np.mean(values)),
+                    f"{key}_std": float(np.std(values))}
+    return summary
+
+
 def check_first_losses(name: str, compiled: list[float], pytorch: list[float]) -> None:
     """The compiled step's first losses are PyTorch's, or the build is wrong: stop."""
     if not np.allclose(compiled, pytorch, rtol=LOSS_RTOL, atol=0):

@@ -39,6 +39,11 @@ class Finetune(Strict):
     eval_every: PositiveInt | None = None
     # steps between checkpoints, from which a killed evaluate@ goes on (evaluate/checkpoints.py)
     checkpoint_every: PositiveInt = 100
+    # fine-tuning runs from the same initial state, run k shuffling its batches with seed +
+    # k: float rounding alone moves one run's accuracy by points (docs/schemes.md), so the
+    # metrics give each run's scores and their mean and spread. The first run's weights,
+    # curves and export are the case's.
+    runs: PositiveInt = 1
 
 
 class ModelBase(Strict):

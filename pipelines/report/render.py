@@ -43,12 +43,22 @@ def load(metrics: Path, cases: dict, deploy: list, devices: list, packages: list
     }
 
 
+def _over_runs(tuned: dict, key: str) -> str:
+    """A fine-tuning score: the runs' mean and standard deviation where it ran more than once
+    (finetune.runs), else the one run's."""
+    runs = tuned.get("runs")
+    if runs is None:
+        return f"{tuned[key]:.3f}"
+    return f"{runs[key + '_mean']:.3f} ± {runs[key + '_std']:.3f}"
+
+
 def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[str]:
     lines = [f"## {model}: its cases on the host, compiled vs PyTorch (same run)", "",
              "| case | scheme | optimize | trainable | backward FLOPs vs full | ms/step | per s | "
              + "".join(f"vs {peer} | " for peer in PEERS.values())
              + "peak memory vs eager full | planned peak "
-             "| held-out accuracy (or perplexity, or loss): before, compiled, PyTorch |",
+             "| held-out accuracy (or perplexity, or loss): before, compiled, PyTorch "
+             "(mean ± std where fine-tuned several times) |",
              "|---" * (10 + len(PEERS)) + "|"]
     for name in names:
         row, case = found["evaluate"][name], cases[name]
@@ -68,9 +78,11 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
         # a classifier's accuracy, a language model's perplexity, else the held-out loss
         metric = next((m for m in ("accuracy", "perplexity", "held_out_loss")
                        if tuned and f"{m}_before" in tuned), None)
-        accuracy = (f"{tuned[f'{metric}_before']:.3f}, {tuned[f'{metric}_compiled']:.3f}, "
-                    f"{tuned[f'{metric}_pytorch']:.3f}"
+        accuracy = (f"{tuned[f'{metric}_before']:.3f}, "
+                    + ", ".join(_over_runs(tuned, f"{metric}_{side}")
+                                for side in ("compiled", "pytorch"))
                     + {"accuracy": "", "perplexity": " (perplexity)"}.get(metric, " (loss)")
+                    + (f" ({len(tuned['runs']['seeds'])} runs)" if "runs" in tuned else "")
                     if metric else "")
         cost = row["cost"]
         lines.append(f"| {name} | {case['scheme']} | {variant} | {cost['trainable_fraction']:.2%} "
