@@ -40,7 +40,7 @@ from pipelines.profiles import variant_for
 from pipelines.training.graph import build_train_step, unreached_parameters
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
-from pipelines.training.scheme import select
+from pipelines.training.scheme import lr_scales, select
 from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FreezeStatistics,
                                  FrozenNormsElementwise, FuseSoftmaxCrossEntropy, IsolateGemms,
                                  PlainPowers, PruneFrozenUpdates, RecomputeActivations,
@@ -65,13 +65,15 @@ def lower(model, imported: Path) -> Lowered:
 
 
 def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
-                   task: str = "classification", rules: list | None = None) -> TrainingStep:
+                   task: str = "classification", rules: list | None = None,
+                   statistics: str = "trained_layers") -> TrainingStep:
     """Phase 2: the full training step (every parameter updated) with the ``task``'s loss
     (training/loss.py) and ``optimizer``'s update (a pipelines/config.py optimizer section);
     with ``lora`` (a scheme's LoRA section), its adapters beside the layers it names
-    (training/lora.py), seeded. With ``rules`` (all a scheme may select), a batch norm whose
-    scale they leave frozen keeps its running statistics and normalises with them
-    (transform/freeze_statistics.py)."""
+    (training/lora.py), seeded. With ``rules`` (all a scheme may select), what a rule with an
+    ``lr_scale`` selects is updated at the learning rate times it, and with ``statistics``
+    ``trained_layers`` a batch norm whose scale they leave frozen keeps its running statistics
+    and normalises with them (transform/freeze_statistics.py)."""
     main = tvm.transform.Sequential([FlattenTakeIndices(), BoolOpsAsInts()])(
         tvm.IRModule({"main": lowered.main}))["main"]
     count, names = int(main.attrs["num_input"]), lowered.names
@@ -82,10 +84,14 @@ def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
         num_params += len(adapters)
     names = {**names, **adapters}
     layers = adapter_layers(lowered.layers, adapters, values) if adapters else lowered.layers
-    frozen = [] if rules is None else frozen_norms(main, names, select(rules, layers))
+    frozen = ([] if rules is None or statistics != "trained_layers"
+              else frozen_norms(main, names, select(rules, layers)))
     main = FreezeStatistics(frozen)(tvm.IRModule({"main": main}))["main"]
+    scales = {} if rules is None else lr_scales(rules, layers)
+    relax_of = {names[v.name][1]: v.name for v in main.params[count:]}
     step, signature = build_train_step(main, num_params, from_config(optimizer),
-                                       lowered.origins, task)
+                                       lowered.origins, task,
+                                       {relax_of[p]: s for p, s in scales.items()})
     signature["source_names"] = {v.name: names[v.name][1] for v in main.params[count:]}
     signature["num_params"] = num_params
     # no scheme trains these: as in PyTorch, where they get no gradient (an unused pooler)
@@ -93,6 +99,8 @@ def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
                               unreached_parameters(main, main.params[count:count + num_params])]
     # the layers whose statistics stay frozen, for the PyTorch twin to hold in eval mode
     signature["frozen_statistics"] = [names[scale][1].rsplit(".", 1)[0] for scale in frozen]
+    if scales:  # for the PyTorch twin's param groups (models/pytorch.py: make_optimizer)
+        signature["lr_scales"] = scales
     if lora is not None:  # for the PyTorch twin's adapters (models/torch_lora.py)
         signature["lora"] = {"rank": lora.rank, "scale": lora.scale}
     return TrainingStep(with_signature(tvm.IRModule({"train_step": step}), signature),
@@ -259,8 +267,7 @@ def compile_to_plan(model, rules: list, optimizer, *, lora=None, weights: dict |
     ``optimizer``; ``budgets`` by device, for ``recompute`` auto. What the DVC chain does up to
     optimize@, without its files."""
     lowered = lowered or import_and_lower(model, weights, seed)
-    full = training_graph(lowered, optimizer, lora, seed, model.task,
-                          rules if statistics == "trained_layers" else None)
+    full = training_graph(lowered, optimizer, lora, seed, model.task, rules, statistics)
     pruned = sparse_update(full, rules, scheme_name)
     return full, pruned, optimize(pruned, reorder_updates, recompute, budgets, update_in_place)
 

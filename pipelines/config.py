@@ -51,6 +51,9 @@ class Rule(Strict):
     update: Literal["weight", "bias", "both"] = "both"
     channels: PositiveFloat | list[NonNegativeInt] | None = None
     axis: Literal["output", "input"] = "output"
+    # what the rule selects steps at the case's learning rate times this (its own torch.optim
+    # param group): few, small tensors, such as biases, may take a larger step than weights
+    lr_scale: PositiveFloat | None = None
 
 
 class LoRA(Strict):

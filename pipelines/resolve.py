@@ -45,10 +45,12 @@ class AutodiffInputs(Strict):
     task: str
     optimizer: Optimizer  # at the case's lr
     lora: LoRA | None
-    # the batch norms these rules (or the search's choices) leave frozen keep their statistics;
-    # None: every layer's move
-    rules: list[Rule] | None
+    # what a rule with an lr_scale selects steps at the learning rate times it; with statistics
+    # trained_layers, the batch norms these rules (or the search's choices) leave frozen keep
+    # their statistics
+    rules: list[Rule]
     search: Search | None
+    statistics: str
     seed: int
 
 
@@ -119,8 +121,7 @@ def resolve(params: Params) -> dict[Path, str | bytes]:
         inputs = {
             "autodiff": AutodiffInputs(
                 model=case.model, task=model.task, optimizer=optimizer, lora=scheme.lora,
-                rules=scheme.rules if scheme.statistics == "trained_layers" else None,
-                search=scheme.search if scheme.statistics == "trained_layers" else None,
+                rules=scheme.rules, search=scheme.search, statistics=scheme.statistics,
                 seed=params.seed),
             "prune": PruneInputs(model=case.model, scheme=case.scheme, rules=scheme.rules,
                                  search=scheme.search,

@@ -33,7 +33,7 @@ from pipelines.ir import signature_of
 from pipelines.models.pytorch import (batches, hold_statistics, make_optimizer, one_thread,
                                       seed_everything, train_step)
 from pipelines.progress import progress
-from pipelines.training.scheme import rule_matches, select
+from pipelines.training.scheme import lr_scales, rule_matches, select
 
 COST_KEYS = ("param_grad_bytes", "optimizer_state_bytes", "saved_activation_bytes")
 SOURCE = "params.yaml (schemes.<name>.search)"
@@ -94,7 +94,8 @@ class Probe:
         model, _ = load_module(self.model)
         model.load_state_dict(self.weights)
         hold_statistics(model.train(), self.frozen_statistics)
-        optimizer = make_optimizer(model, self.optimizer, select(rules, self.layers))
+        optimizer = make_optimizer(model, self.optimizer, select(rules, self.layers),
+                                   lr_scales(rules, self.layers))
         batch, (xs, y) = self.model.batch_size, self.train
         losses, epoch = [], 0
         while len(losses) < self.steps:

@@ -1,7 +1,7 @@
 """autodiff@<case>: loss + reverse-mode gradient + optimizer update, one Relax function, for
 the case's model, optimizer and LoRA adapters (pipelines/compile.py: training_graph); the batch
 norms of layers the scheme leaves frozen (all a search may choose from, for a search) keep
-their running statistics.
+their running statistics; a rule's ``lr_scale`` scales its parameters' learning rate.
 
 Output (artifacts/cases/<case>/autodiff/, a phases.TrainingStep): train_step.relax.py / .json,
 the full training step (every parameter updated); signature.json, its inputs and outputs in
@@ -27,7 +27,8 @@ def main(name: str) -> None:
     rules = inputs.rules or None
     if inputs.search:
         rules = search_space(inputs.search, model.layers)
-    full = training_graph(model, inputs.optimizer, inputs.lora, inputs.seed, inputs.task, rules)
+    full = training_graph(model, inputs.optimizer, inputs.lora, inputs.seed, inputs.task, rules,
+                          inputs.statistics)
     with atomic_dir(case_dir(name, "autodiff")) as tmp:
         full.save(tmp)
         write_manifest(tmp, f"autodiff@{name}", {"lower": lowered,

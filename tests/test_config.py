@@ -13,7 +13,7 @@ from pipelines.frontends.layers import describe_layers
 from pipelines.io import atomic_dir, save_arrays
 from pipelines.models.mobilenetv2 import MobileNetV2
 from pipelines.training.optimizers import from_config
-from pipelines.training.scheme import select
+from pipelines.training.scheme import lr_scales, select
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +113,20 @@ def test_bias_only_selects_norm_shifts_and_linear_bias(layers):
     assert "classifier.1.bias" in chosen and "features.0.1.bias" in chosen
 
 
+def test_a_rules_lr_scale_is_its_parameters_and_two_scales_for_one_are_refused(layers):
+    paper = [{"name": "pw", "modules": ["features.17.conv.0.0"], "update": "weight"},
+             {"name": "head", "modules": ["classifier.*"]},
+             {"name": "biases", "modules": ["*"], "update": "bias", "lr_scale": 5}]
+    scales = lr_scales(paper, layers)
+    assert set(scales.values()) == {5} and set(scales) == {
+        n for n in select(paper[2:], layers)}  # the head's bias too: no scale of its own
+    assert "classifier.1.weight" not in scales
+    with pytest.raises(ConfigError, match=r"rule 'head': gives 'classifier.1.bias' lr_scale 2"
+                                          r"(.0)?, rule 'biases' gives it 5"):
+        lr_scales(paper[2:] + [{"name": "head", "modules": ["classifier.*"], "lr_scale": 2}],
+                  layers)
+
+
 @pytest.mark.parametrize("rule, message", [
     ({"name": "typo", "modules": ["feature.*"]}, "module pattern 'feature.*' matches no layer"),
     ({"name": "empty", "modules": ["classifier.*"], "kinds": ["conv_depthwise"]},
@@ -138,6 +152,7 @@ def test_bad_rules_are_rejected_naming_the_rule(layers, rule, message):
     ({"name": "key", "channels": 0.5, "extra": 1}, "unknown keys ['extra']"),
     ({"name": "axis", "channels": 0.5, "axis": "inputs"}, "Input should be 'output' or 'input'"),
     ({"name": "mix", "modules": ["classifier.1"], "channels": "half"}, "channels"),
+    ({"name": "lr", "modules": ["classifier.1"], "lr_scale": 0}, "greater than 0"),
 ])
 def test_bad_rule_keys_and_values_are_refused_by_the_schema(rule, message):
     with pytest.raises(ConfigError) as err:

@@ -204,3 +204,49 @@ def test_accumulated_gradients_step_as_pytorch_accumulates(tmp_path, host_profil
         for slot, value in slots.items():
             np.testing.assert_allclose(taken[index][slot].numpy(), value.numpy(),
                                        rtol=1e-4, atol=1e-6, err_msg=f"{index}.{slot}")
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum_wd", "adamw"])
+def test_a_rules_lr_scale_steps_as_its_own_torch_param_group(tmp_path, host_profile, name):
+    """Biases at 4x the learning rate (a rule's ``lr_scale``) against torch.optim with the two
+    param groups written out by hand, through a schedule's change of the learning rate; the
+    state taken out keeps the groups."""
+    from conftest import model_section
+    from pipelines.compile import compile
+    from pipelines.frontends.twin import torch_twin
+
+    cfg = CONFIGS[name]
+    model = model_section(frontend="torch", source="tests/frontends/task_heads.py",
+                          entry="classifier", batch_size=8)
+    compiled = compile(model, [{"modules": ["*"], "update": "weight"},
+                               {"modules": ["*"], "update": "bias", "lr_scale": 4.0}],
+                       cfg, host_profile, tmp_path)
+    step = CompiledStep(compiled.directory, compiled.initial)
+    twin = torch_twin(model, compiled.signature, compiled.initial)
+    named = dict(twin.named_parameters())
+    groups = [{"params": [p for n, p in named.items() if n.endswith("weight")]},
+              {"params": [p for n, p in named.items() if n.endswith("bias")], "lr": cfg.lr * 4}]
+    reference = (torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum,
+                                 weight_decay=cfg.weight_decay) if cfg.kind == "sgd"
+                 else torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                                        weight_decay=cfg.weight_decay))
+    rng = np.random.default_rng(3)
+    for i in range(4):
+        if i == 2:  # a schedule halves the learning rate: each group's, its scale kept
+            step.set_lr(cfg.lr / 2)
+            for group, scale in zip(reference.param_groups, (1, 4)):
+                group["lr"] = cfg.lr / 2 * scale
+        x = rng.standard_normal((8, 5)).astype("float32")
+        y = rng.integers(0, 3, 8)
+        want = train_step(twin, reference, torch.from_numpy(x), torch.from_numpy(y))
+        assert step.step(x, y) == pytest.approx(want, rel=1e-5)
+    for key, value in step.state_dict().items():
+        np.testing.assert_allclose(value.numpy(), twin.state_dict()[key].numpy(), rtol=1e-4,
+                                   atol=1e-6, err_msg=key)
+    taken = step.torch_optimizer(step.load_into(torch_twin(model, compiled.signature,
+                                                           compiled.initial))).state_dict()
+    assert [g["lr"] for g in taken["param_groups"]] == pytest.approx([cfg.lr / 2, cfg.lr * 2])
+    for index, slots in reference.state_dict()["state"].items():
+        for slot, value in slots.items():
+            np.testing.assert_allclose(taken["state"][index][slot].numpy(), value.numpy(),
+                                       rtol=1e-4, atol=1e-6, err_msg=f"{index}.{slot}")

@@ -21,7 +21,7 @@ from pipelines.evaluate.speed import Spec, measure
 from pipelines.frontends.twin import step_batch, torch_twin
 from pipelines.io import read_json, save_arrays
 from pipelines.phases import SIGNATURE
-from pipelines.runtime.step import CompiledStep, selection_of, synthetic_batch
+from pipelines.runtime.step import CompiledStep, lr_scales_of, selection_of, synthetic_batch
 
 COST_KEYS = ("ops", "flops", "backward_flops", "param_grad_bytes", "optimizer_state_bytes",
              "saved_activation_bytes")
@@ -116,7 +116,8 @@ def first_losses(model, build: Path, initial: dict, optimizer, *batch) -> tuple[
 
     compiled = CompiledStep(build, initial)
     twin = torch_twin(model, compiled.signature, initial)
-    update = make_optimizer(twin, optimizer, selection_of(compiled.signature))
+    update = make_optimizer(twin, optimizer, selection_of(compiled.signature),
+                            lr_scales_of(compiled.signature))
     calls = optimizer.gradient_accumulation_steps
     return ([compiled.step(*batch) for _ in range(CHECKED_STEPS * calls)],
             [loss for _ in range(CHECKED_STEPS) for loss in accumulated_step(

@@ -24,7 +24,7 @@ from pipelines.models.pytorch import (accumulated_step, batches, make_optimizer,
                                       score)
 from pipelines.models.torch_lora import adapter_state, merged_state
 from pipelines.progress import progress, throughput_unit
-from pipelines.runtime.step import CompiledStep, selection_of
+from pipelines.runtime.step import CompiledStep, lr_scales_of, selection_of
 from pipelines.schema import ConfigError
 
 CHECKED_STEPS, LOSS_RTOL = 2, 1e-4
@@ -71,9 +71,10 @@ def learning_rate(lr: float, step: int, total: int, schedule: str, warmup: int) 
 
 
 def set_learning_rate(optimizer, lr: float) -> None:
-    """A torch.optim optimizer's (or ChannelSparse's) learning rate, for its next steps."""
+    """A torch.optim optimizer's (or ChannelSparse's) learning rate, for its next steps: each
+    param group's times its scale (models/pytorch.py: param_groups)."""
     for group in getattr(optimizer, "optimizer", optimizer).param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 @one_thread()  # PyTorch's accuracies then do not depend on the machine's core count
@@ -90,7 +91,8 @@ def finetune(model, build, initial: dict, optimizer, data: dict, epochs: int, se
     signature = compiled.signature
     reference = torch_twin(model, signature, initial)
     evaluator = torch_twin(model, signature, initial)  # holds the compiled step's weights
-    update = make_optimizer(reference, optimizer, selection_of(signature))
+    update = make_optimizer(reference, optimizer, selection_of(signature),
+                            lr_scales_of(signature))
     inputs = signature["data"][:-1]  # the step's inputs by name (the last is the labels)
     xs, y = split(data, "finetune_train", inputs)
     test_xs, test_y = split(data, "finetune_test", inputs)

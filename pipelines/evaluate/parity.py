@@ -36,13 +36,13 @@ def compare_steps(build_dir, model, optimizer, initial: dict, batches: list,
 
     from pipelines.frontends.twin import torch_twin
     from pipelines.models.pytorch import make_optimizer, train_step
-    from pipelines.runtime.step import CompiledStep, selection_of
+    from pipelines.runtime.step import CompiledStep, lr_scales_of, selection_of
 
     step = CompiledStep(build_dir, initial)
     twin = torch_twin(model, step.signature, initial).to(device)
     before = {k: v.detach().cpu().numpy().copy() for k, v in twin.state_dict().items()}
     selection = selection_of(step.signature)
-    update = make_optimizer(twin, optimizer, selection)
+    update = make_optimizer(twin, optimizer, selection, lr_scales_of(step.signature))
     losses, pytorch_losses = [], []
     for batch in batches:
         tensors = [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in batch]

@@ -49,13 +49,14 @@ def _in_eval_mode(norm: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
     return norm
 
 
-def make_optimizer(model: torch.nn.Module, optimizer, trainable=None):
+def make_optimizer(model: torch.nn.Module, optimizer, trainable=None, lr_scales=None):
     """The torch.optim optimizer ``optimizer`` describes (pipelines/config.py: SGD or Adam) over
     the ``trainable`` parameters (all when None); the rest are frozen.
 
     ``trainable`` is a list of parameter names, or a scheme's selection (training/scheme.py:
     name -> None or {"axis", "index"}); channel-selected parameters are stepped by
-    ``ChannelSparse``."""
+    ``ChannelSparse``. ``lr_scales`` (name -> scale; training/scheme.py: lr_scales) puts
+    parameters in param groups of their own at the learning rate times their scale."""
     # a tied parameter (GPT-2's head and embeddings) under each of its names: the compiled
     # step knows it by the one its export kept
     named = dict(model.named_parameters(remove_duplicate=False))
@@ -65,9 +66,33 @@ def make_optimizer(model: torch.nn.Module, optimizer, trainable=None):
     chosen = {id(named[name]) for name in selection}
     for param in named.values():
         param.requires_grad_(id(param) in chosen)
+
+    def make(params: dict) -> torch.optim.Optimizer:
+        return _torch_optimizer(param_groups(params, optimizer.lr, lr_scales), optimizer)
+
     if any(selection.values()):
-        return ChannelSparse(named, selection, lambda params: _torch_optimizer(params, optimizer))
-    return _torch_optimizer([named[n] for n in selection], optimizer)
+        return ChannelSparse(named, selection, make)
+    return make({n: named[n] for n in selection})
+
+
+def grouped(names: list[str], lr_scales: dict | None) -> dict[float, list[str]]:
+    """``names`` by learning-rate scale (1 where none is given), each scale's in their order:
+    one torch.optim param group each, whose parameters its state dict numbers in this order."""
+    groups: dict[float, list[str]] = {}
+    for name in names:
+        groups.setdefault((lr_scales or {}).get(name, 1.0), []).append(name)
+    return groups
+
+
+def param_groups(params: dict, lr: float, lr_scales: dict | None) -> list:
+    """``params`` (name -> tensor, in order) as torch.optim takes them: a list, or with
+    learning-rate scales one param group per scale at ``lr`` times it, which keeps its
+    ``lr_scale`` for a schedule (evaluate/finetune.py: set_learning_rate)."""
+    groups = grouped(list(params), lr_scales)
+    if list(groups) == [1.0]:
+        return list(params.values())
+    return [{"params": [params[n] for n in names], "lr": lr * scale, "lr_scale": scale}
+            for scale, names in groups.items()]
 
 
 def _torch_optimizer(params: list, optimizer):
@@ -89,18 +114,19 @@ class ChannelSparse:
 
     def __init__(self, named: dict, selection: dict, make):
         """``named``: the model's parameters by name; ``selection``: name -> None or
-        {"axis", "index"}; ``make``: parameters -> the torch.optim optimizer to step them."""
+        {"axis", "index"}; ``make``: parameters by name -> the torch.optim optimizer to step
+        them."""
         self.sliced = {}  # name -> (parameter, axis, index, slice-shaped copy)
-        stepped = []
+        stepped = {}
         for name, choice in selection.items():
             param = named[name]
             if choice is None:
-                stepped.append(param)
+                stepped[name] = param
                 continue
             index = torch.tensor(choice["index"])
             copy = torch.nn.Parameter(param.detach().index_select(choice["axis"], index))
             self.sliced[name] = (param, choice["axis"], index, copy)
-            stepped.append(copy)
+            stepped[name] = copy
         self.optimizer = make(stepped)
 
     @property

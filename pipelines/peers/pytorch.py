@@ -13,12 +13,13 @@ def torch_step(spec, compiled, batch, frozen: bool, compile: bool = False):
 
     from pipelines.frontends.twin import torch_twin
     from pipelines.models.pytorch import make_optimizer, train_step
-    from pipelines.runtime.step import selection_of
+    from pipelines.runtime.step import lr_scales_of, selection_of
 
     model = torch_twin(spec.model, compiled.signature, spec.initial,
                        adapters=frozen).to(spec.device)
-    optimizer = make_optimizer(model, spec.optimizer,
-                               selection_of(compiled.signature) if frozen else None)
+    optimizer = (make_optimizer(model, spec.optimizer, selection_of(compiled.signature),
+                                lr_scales_of(compiled.signature)) if frozen
+                 else make_optimizer(model, spec.optimizer))
     tensors = [torch.from_numpy(a).to(spec.device) for a in batch]
     # torch.compile: forward and backward compiled (Inductor, C++ on the CPU), the update
     # eager; compiling happens in the first warm-up step, outside the timed ones.

@@ -127,12 +127,13 @@ class CompiledStep:
         hyper-parameters and the compiled step's optimizer state loaded into it: a
         ``torch.optim`` one, or for a channel-sparse step a ``ChannelSparse`` whose
         slice-shaped state continues exactly where the compiled step stopped."""
-        from pipelines.models.pytorch import ChannelSparse
+        from pipelines.models.pytorch import ChannelSparse, grouped, param_groups
 
-        spec = self.signature["optimizer"]
+        spec, scales = self.signature["optimizer"], lr_scales_of(self.signature)
 
-        def make(params):
-            return getattr(torch.optim, spec["torch_class"])(params, **spec["kwargs"])
+        def make(params: dict):
+            return getattr(torch.optim, spec["torch_class"])(
+                param_groups(params, spec["kwargs"]["lr"], scales), **spec["kwargs"])
 
         selection = selection_of(self.signature)
         named = dict(model.named_parameters())
@@ -140,9 +141,12 @@ class CompiledStep:
             wrapper = ChannelSparse(named, selection, make)
             optimizer = wrapper.optimizer
         else:
-            wrapper = optimizer = make([named[n] for n in selection])
+            wrapper = optimizer = make({n: named[n] for n in selection})
         state = optimizer.state_dict()
-        index = {p: i for i, p in enumerate(self.signature["trainable"])}
+        # the state dict numbers the parameters group by group (param_groups)
+        relax_of = {source: name for name, source in self.signature["source_names"].items()}
+        index = {relax_of[n]: i for i, n in enumerate(
+            n for names in grouped(list(selection), scales).values() for n in names)}
         per_param: dict[int, dict] = {i: {} for i in index.values()}
         shared = {}
         for name, info in self.optimizer_state.items():
@@ -151,7 +155,7 @@ class CompiledStep:
                 continue
             if info["slot"] == "lr":  # a param_groups key, not state
                 for group in state["param_groups"]:
-                    group["lr"] = float(value)
+                    group["lr"] = float(value) * group.get("lr_scale", 1.0)
             elif info["param"] is None:
                 shared[info["torch"]] = value
             else:
@@ -187,6 +191,12 @@ def selection_of(signature: dict) -> dict[str, dict | None]:
     None for a whole parameter, {"axis", "index"} for some channels)."""
     names, channels = signature["source_names"], signature.get("channels", {})
     return {names[p]: channels.get(p) for p in signature["trainable"]}
+
+
+def lr_scales_of(signature: dict) -> dict[str, float]:
+    """The learning-rate scales a step was built with (training/scheme.py: lr_scales), under the
+    source's names: its PyTorch twin's param groups (models/pytorch.py: make_optimizer)."""
+    return signature.get("lr_scales", {})
 
 
 def synthetic_batch(signature: dict, seed: int, batches: int = 1) -> tuple[np.ndarray, ...]:

@@ -35,12 +35,13 @@ class MissingGradientRule(ConfigError):
 
 
 def build_train_step(main: relax.Function, num_params: int, optimizer,
-                     origins: dict[str, str] | None = None,
-                     task: str = "classification") -> tuple[relax.Function, dict]:
+                     origins: dict[str, str] | None = None, task: str = "classification",
+                     lr_scales: dict[str, float] | None = None) -> tuple[relax.Function, dict]:
     """``main(*inputs, *params, *buffers) -> (logits, *new_buffers)`` -> the training step.
 
     ``optimizer`` is one of training/optimizers.py; ``task`` picks the loss and the labels
-    (training/loss.py). ``origins`` maps binding names to the
+    (training/loss.py); ``lr_scales``, a parameter's (Relax name) learning-rate scale where it
+    is not 1 (training/scheme.py: lr_scales). ``origins`` maps binding names to the
     source layer they came from (for error messages). Returns the function and its signature:
     input and output names in order (``data``: the model's inputs and the labels), and what
     each optimizer-state input holds. Precondition: take indices are 1-D
@@ -100,12 +101,17 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
             new_buffers = [bb.emit_output(relax.TupleGetItem(values, 1 + i))
                            for i in range(len(buffers))]
             new_shared, factors = optimizer.prepare(bb, shared)
+            # per learning-rate scale, the factors of a torch.optim param group at lr * scale
+            scaled = {scale: optimizer.prepare(bb, dict(shared, lr=bb.emit(relax.op.multiply(
+                shared["lr"], relax.const(scale, "float32")), name_hint="optimizer_lr_scaled")))[1]
+                      for scale in sorted(set((lr_scales or {}).values()))}
             new_params, new_state = [], {}
             for i, (w, slots) in enumerate(zip(sparams, per_param)):
                 g = bb.emit(relax.TupleGetItem(grads, i))
                 if w.name in padding:  # PyTorch's padding_idx row gets no gradient
                     g = bb.emit(relax.op.multiply(g, _row_mask(w, padding[w.name])))
-                nw, ns = optimizer.update(bb, w.name, w, g, slots, factors)
+                nw, ns = optimizer.update(bb, w.name, w, g, slots,
+                                          scaled.get((lr_scales or {}).get(w.name), factors))
                 new_params.append(bb.emit_output(nw, name_hint=f"{UPDATE_PREFIX}{w.name}"))
                 for slot, var in slots.items():
                     new_state[var.name] = bb.emit_output(

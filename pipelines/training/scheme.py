@@ -25,7 +25,7 @@ from pipelines.patterns import module_matcher
 KINDS = {"conv", "conv_pointwise", "conv_depthwise", "linear", "norm", "embedding", "other"}
 UPDATES = {"weight": {"weight"}, "bias": {"bias"}, "both": {"weight", "bias"}}
 AXES = {"output": 0, "input": 1}
-RULE_KEYS = {"name", "modules", "kinds", "blocks", "update", "channels", "axis"}
+RULE_KEYS = {"name", "modules", "kinds", "blocks", "update", "channels", "axis", "lr_scale"}
 SOURCE = "params.yaml (schemes, from conf/sparse)"
 
 
@@ -166,3 +166,22 @@ def select(rules: list, layers: dict) -> dict[str, dict | None]:
         if selection and len(selection["index"]) == shapes[param][selection["axis"]]:
             chosen[param] = None
     return {p["name"]: chosen[p["name"]] for p in layers["parameters"] if p["name"] in chosen}
+
+
+def lr_scales(rules: list, layers: dict) -> dict[str, float]:
+    """The learning-rate scale of every parameter a rule with an ``lr_scale`` selects (the
+    model's names): its update takes the case's learning rate times it. Rules without one
+    leave a parameter at 1 unless another gives it one; two different scales are an error."""
+    scales: dict[str, float] = {}
+    given_by: dict[str, str] = {}
+    for position, rule in enumerate(_as_dict(rule) for rule in rules):
+        scale = rule.get("lr_scale")
+        if scale is None:
+            continue
+        rule_name = rule.get("name", f"#{position}")
+        for param, _ in rule_matches(rule, layers, position):
+            if scales.setdefault(param, scale) != scale:
+                raise _rule_error(rule_name, f"gives {param!r} lr_scale {scale}, rule "
+                                             f"{given_by[param]!r} gives it {scales[param]}")
+            given_by.setdefault(param, rule_name)
+    return scales
