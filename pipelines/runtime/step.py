@@ -144,9 +144,10 @@ class CompiledStep:
             wrapper = optimizer = make({n: named[n] for n in selection})
         state = optimizer.state_dict()
         # the state dict numbers the parameters group by group (param_groups)
-        relax_of = {source: name for name, source in self.signature["source_names"].items()}
-        index = {relax_of[n]: i for i, n in enumerate(
-            n for names in grouped(list(selection), scales).values() for n in names)}
+        trainable, names = self.signature["trainable"], self.signature["source_names"]
+        by_group = grouped(trainable, {p: scales[names[p]] for p in trainable
+                                       if names[p] in scales})
+        index = {p: i for i, p in enumerate(p for group in by_group.values() for p in group)}
         per_param: dict[int, dict] = {i: {} for i in index.values()}
         shared = {}
         for name, info in self.optimizer_state.items():
