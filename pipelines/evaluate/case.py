@@ -142,11 +142,13 @@ def evaluate_case(inputs, cores: int, build: Path, initial: dict, data: dict | N
                         "recomputed": plan["recomputed"]}}
     finetuned = None
     if "finetune" in inputs.evaluate:
-        def run(k: int) -> Finetuned:  # the k-th run (finetune.runs), batches seeded seed + k
+        def run(k: int) -> Finetuned:
+            """Run k of finetune.runs: its batches shuffled with seed + k, its checkpoints its
+            own (the first run's where a single run keeps them)."""
+            kept = checkpoints / f"run-{k + 1}" if checkpoints and k else checkpoints
             return finetune(model, build, initial, optimizer, data, model.finetune.epochs,
                             inputs.seed + k, inputs.lora,
-                            inputs.case if k == 0 else f"{inputs.case} run {k + 1}",
-                            checkpoints and (checkpoints / f"run-{k + 1}" if k else checkpoints),
+                            inputs.case + (f" run {k + 1}" if k else ""), kept,
                             model.finetune.checkpoint_every)
         finetuned = run(0)
         metrics["finetune"] = finetuned.metrics
