@@ -19,7 +19,8 @@ import yaml
 from pipelines.io import ROOT
 
 SMALL = ["experiment=model", "model@models.model=mbv2", "models.model.pretrain.epochs=1",
-         "models.model.finetune.epochs=1", "models.model.data.shift=0",
+         "models.model.finetune.epochs=1", "models.model.finetune.runs=1",
+         "models.model.data.shift=0",
          "cases.model.scheme=mbv2_paper",
          # batch norms in training mode: what recomputation lowers the plan with below
          "+schemes.mbv2_paper.statistics=every_layer",
