@@ -85,4 +85,3 @@ def test_peers_agree_with_pytorch_and_are_timed(small, build_case, tmp_path_fact
     results = time_interleaved(spec, ["compiled", *peers])
     for peer in peers:
         assert results[peer]["steps"] == 2 and results[peer]["median_ms"] > 0
-

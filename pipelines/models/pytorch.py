@@ -44,6 +44,14 @@ def hold_statistics(module: torch.nn.Module, names) -> torch.nn.Module:
     return module
 
 
+def batch_norms(model: torch.nn.Module, training: bool) -> list[str]:
+    """The names of ``model``'s batch norms that update their statistics (``training``), or
+    of those that normalise with their running ones (held: ``hold_statistics``)."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+            and module.training == training]
+
+
 def _in_eval_mode(norm: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
     norm.training = False
     return norm

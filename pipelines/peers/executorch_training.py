@@ -36,10 +36,9 @@ def cannot_time(signature: dict, model) -> str | None:
 
 def refuse_training_norms(model) -> None:
     """Raise, naming them, if ``model`` has batch norms that update their statistics."""
-    import torch
+    from pipelines.models.pytorch import batch_norms
 
-    training = [name for name, module in model.named_modules()
-                if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.training]
+    training = batch_norms(model, training=True)
     if training:
         raise ValueError(
             f"ExecuTorch training cannot lower a batch norm that updates its statistics "

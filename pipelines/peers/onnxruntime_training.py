@@ -63,6 +63,8 @@ def held_norms_as_arithmetic(model):
     arithmetic on the same parameters and statistics (the same names in the export)."""
     import torch
 
+    from pipelines.models.pytorch import batch_norms
+
     class HeldNorm(torch.nn.Module):
         def __init__(self, norm):
             super().__init__()
@@ -76,9 +78,7 @@ def held_norms_as_arithmetic(model):
             normed = (x - self.running_mean.reshape(shape)) * scale
             return normed * self.weight.reshape(shape) + self.bias.reshape(shape)
 
-    held = [name for name, m in model.named_modules()
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not m.training]
-    for name in held:
+    for name in batch_norms(model, training=False):
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
         setattr(owner, child, HeldNorm(getattr(owner, child)))
