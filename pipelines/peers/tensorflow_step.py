@@ -151,7 +151,9 @@ def tf_step(spec, compiled, batch, frozen: bool):
     x = tf.constant(np.ascontiguousarray(x.transpose(0, 2, 3, 1)))  # channels last
     labels = tf.constant(labels.astype(np.int64))
 
-    @tf.function
+    # autograph off: the step has no tensor-dependent Python control flow to convert, and
+    # converting writes a source file per function into /tmp, left there
+    @tf.function(autograph=False)
     def step():
         with tf.GradientTape() as tape:
             logits = model.forward(x)
