@@ -88,11 +88,12 @@ def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
               else frozen_norms(main, names, select(rules, layers)))
     main = FreezeStatistics(frozen)(tvm.IRModule({"main": main}))["main"]
     scales = {} if rules is None else lr_scales(rules, layers)
-    relax_of = {names[v.name][1]: v.name for v in main.params[count:]}
+    source_names = {v.name: names[v.name][1] for v in main.params[count:]}
     step, signature = build_train_step(main, num_params, from_config(optimizer),
                                        lowered.origins, task,
-                                       {relax_of[p]: s for p, s in scales.items()})
-    signature["source_names"] = {v.name: names[v.name][1] for v in main.params[count:]}
+                                       {r: scales[s] for r, s in source_names.items()
+                                        if s in scales})
+    signature["source_names"] = source_names
     signature["num_params"] = num_params
     # no scheme trains these: as in PyTorch, where they get no gradient (an unused pooler)
     signature["unreached"] = [names[v.name][1] for v in

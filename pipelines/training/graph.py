@@ -102,9 +102,11 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
                            for i in range(len(buffers))]
             new_shared, factors = optimizer.prepare(bb, shared)
             # per learning-rate scale, the factors of a torch.optim param group at lr * scale
-            scaled = {scale: optimizer.prepare(bb, dict(shared, lr=bb.emit(relax.op.multiply(
-                shared["lr"], relax.const(scale, "float32")), name_hint="optimizer_lr_scaled")))[1]
-                      for scale in sorted(set((lr_scales or {}).values()))}
+            scaled = {}
+            for scale in sorted(set((lr_scales or {}).values())):
+                lr = bb.emit(relax.op.multiply(shared["lr"], relax.const(scale, "float32")),
+                             name_hint="optimizer_lr_scaled")
+                scaled[scale] = optimizer.prepare(bb, dict(shared, lr=lr))[1]
             new_params, new_state = [], {}
             for i, (w, slots) in enumerate(zip(sparams, per_param)):
                 g = bb.emit(relax.TupleGetItem(grads, i))
