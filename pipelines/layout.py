@@ -78,3 +78,8 @@ def checkpoint_dir(case: str) -> Path:
 
 def metrics_path(stage: str, name: str) -> Path:
     return ARTIFACTS / "metrics" / stage / f"{name}.json"
+
+
+def phase_time_path(phase: str, name: str) -> Path:
+    """How long a compile phase's stage ran for ``name`` (pipelines/stage.py: run_stage)."""
+    return ARTIFACTS / "metrics" / "time" / phase / f"{name}.json"

@@ -6,6 +6,10 @@ succeeds (pipelines/io.py: atomic_dir).
 With ``POCK_READS`` set to a file, each artifact the stage's process opens for reading is
 appended to it (with the stage's command), so that a test can hold every read to the stage's
 declared DVC deps (tests/test_pipeline_e2e.py).
+
+A compile phase's stage (``phase``) also writes how long its process ran, start to outputs
+written, to artifacts/metrics/time/<phase>/<its arguments>.json: the report adds them up to
+the time a case takes from its model to its first step (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -14,9 +18,11 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines.io import ARTIFACTS, CorruptArtifact
+from pipelines.io import ARTIFACTS, CorruptArtifact, write_json_atomic
+from pipelines.layout import phase_time_path
 from pipelines.runtime.checks import BadBatch, StepError
 from pipelines.schema import ConfigError
+from pipelines.timing import process_seconds
 
 EXIT_INPUT, EXIT_STEP = 2, 3
 
@@ -39,11 +45,14 @@ def _record_reads(log: Path) -> None:
     sys.addaudithook(hook)
 
 
-def run_stage(main, *args) -> None:
+def run_stage(main, *args, phase: str | None = None) -> None:
     if os.environ.get("POCK_READS"):
         _record_reads(Path(os.environ["POCK_READS"]))
     try:
         main(*args)
+        if phase is not None:  # only a stage that succeeded: a failed one's time means nothing
+            write_json_atomic(phase_time_path(phase, "-".join(args)),
+                              {"seconds": round(process_seconds(), 2)})
     except (ConfigError, CorruptArtifact, BadBatch) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_INPUT)

@@ -35,4 +35,4 @@ def main(name: str, device: str) -> None:
 
 
 if __name__ == "__main__":
-    run_stage(main, sys.argv[1], sys.argv[2])
+    run_stage(main, sys.argv[1], sys.argv[2], phase="tune")

@@ -1,8 +1,9 @@
 """The report (pipelines/report/render.py): each committed `pock gpu bench` run rendered as a
 table, a case that failed on the GPU said so with its error, nothing dropped; each package's
 trial with both runners' figures, or why it did not run; a fine-tuned case's held-out score as
-its task reads it."""
+its task reads it; the time from a model to its first step, phase by phase."""
 from pipelines.evaluate.finetune import over_runs
+from pipelines.report.first_step import first_step_table
 from pipelines.report.plots import gpu_rows, gpu_svg, peer_rows
 from pipelines.report.render import case_table, device_table, gpu_tables, peer_table
 
@@ -125,3 +126,29 @@ def test_every_peer_that_timed_a_model_is_a_column_and_a_bar():
         ("mbv2", "ort_training_frozen", 18.75), ("mbv2", "executorch_frozen", 85.0),
         ("mbv2_full", "ort_training_frozen", 5.0)]
     assert peer_table("llama", ["mbv2_plain"], found) == []  # nothing timed: no table
+
+
+def test_the_time_to_a_first_step_adds_up_each_phase_and_the_first_step():
+    def timed(seconds: float) -> dict:
+        return {"seconds": seconds}
+
+    speed = {"compiled": {"setup_s": 0.5, "first_step_ms": 500.0},
+             "torch_compile_full": {"setup_s": 1.0, "first_step_ms": 9000.0}}
+    found = {"evaluate": {"a": {"speed": speed}, "b": {"speed": speed}, "old": {"speed": {
+        "compiled": {"median_ms": 1.0}}}},
+        "time": {"import": {"m": timed(3.0)}, "lower": {"m": timed(2.0)},
+                 "autodiff": {"a": timed(1.0), "b": timed(1.0), "old": timed(1.0)},
+                 "prune": {"a": timed(1.0), "b": None, "old": timed(1.0)},
+                 "optimize": {"a": timed(1.0), "old": timed(1.0)},
+                 "tune": {"a-host": timed(1.0), "old-host": timed(1.0)},
+                 "build": {"a-host": timed(10.0), "old-host": timed(1.0)}}}
+    lines = first_step_table("m", ["a", "b", "old"], {}, found)
+    assert lines[0] == "### m: time to the first step (from the model, on the host)"
+    (row,) = [line for line in lines if line.startswith("| a |")]
+    # 19 s of phases (import and lower the model's), 1 s to load and step: 20 s; the peers'
+    # setup and first step beside it (eager full did not time the case: blank)
+    assert row == ("| a | 3.0 s | 2.0 s | 1.0 s | 1.0 s | 1.0 s | 1.0 s | 10.0 s | 19.0 s "
+                   "| 1.0 s | **20.0 s** |  | 10.0 s |")
+    # b's prune was not timed, old's first step was not: neither is a row
+    assert not [line for line in lines if line.startswith(("| b |", "| old |"))]
+    assert first_step_table("m", ["b"], {}, found) == []

@@ -31,4 +31,7 @@ def test_every_peer_is_timed_against_the_compiled_step(spec, room, groups):
     for case in CASES:
         assert results[case]["median_ms"] > 0 and results[case]["peak_rss_bytes"] > 0
         assert np.isfinite(results[case]["p90_ms"])
+        # the time to a first step: its setup (loading the library, building the model), then
+        # the first step, each measured, not a step's median
+        assert 0 < results[case]["setup_s"] < 60 and results[case]["first_step_ms"] > 0
     assert results["torch_eager_full"]["steps"] == results["torch_eager_frozen"]["steps"] == 2

@@ -21,6 +21,7 @@ import importlib
 import math
 import multiprocessing
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,7 +55,8 @@ class Spec:
 
 def make_step(case: str, spec: Spec):
     """A callable that runs one training step of ``case`` (the compiled step, or one of
-    pipelines/peers) on the spec's batch."""
+    pipelines/peers) on the spec's batch, and the seconds its setup took: loading the compiled
+    step (its library and state), or building the peer (its model, its optimizer)."""
     import torch
 
     from pipelines.runtime.step import CompiledStep
@@ -63,6 +65,7 @@ def make_step(case: str, spec: Spec):
     if spec.device == "cuda":  # fp32 against fp32, as the compiled step computes it
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+    started = time.perf_counter()
     compiled = CompiledStep(spec.build, spec.initial)
     with np.load(spec.batch) as saved:
         batch = [saved[name] for name in compiled.signature["data"]]
@@ -70,11 +73,13 @@ def make_step(case: str, spec: Spec):
         args = compiled.arguments(*batch)
         # the same batch each call; a step built in place goes on from the state it left
         step = lambda: compiled.function(*args)  # noqa: E731
-    else:
+    else:  # the compiled step loaded above gives a peer only its signature and state
+        started = time.perf_counter()
         step = PEERS[case].make_step(spec, compiled, batch)
+    setup_s = time.perf_counter() - started
     if spec.device == "cuda":  # kernels run asynchronously: a step ends when the GPU is done
-        return lambda: (step(), torch.cuda.synchronize())
-    return step
+        return lambda: (step(), torch.cuda.synchronize()), setup_s
+    return step, setup_s
 
 
 def serve_case(case: str, spec: Spec, conn) -> None:
@@ -93,14 +98,18 @@ def serve_case(case: str, spec: Spec, conn) -> None:
         # The whole footprint: what the case holds once set up (weights; the compiled step's
         # optimizer state, which PyTorch makes in its first step) and what its steps add.
         before = resident_bytes()
-        step = make_step(case, spec)
+        step, setup_s = make_step(case, spec)
         with PeakRSS(since=before) as peak:
-            step_times(step, spec.warmup, 0)
+            # The time to a first step: the setup, then the first step, where torch.compile
+            # compiles and PyTorch's optimizer makes its state.
+            first = step_times(step, 0, 1)[0]
+            step_times(step, max(spec.warmup - 1, 0), 0)
             held = gpu.read() if spec.device == "cuda" else None  # the others wait meanwhile
             conn.send({"ready": True, "peak_rss_bytes": peak.so_far_bytes()})
             while (round_ := conn.recv()) is not None:
                 conn.send(step_times(step, 0, *round_))
-    conn.send({"peak_rss_bytes": peak.above_baseline_bytes,
+    conn.send({"peak_rss_bytes": peak.above_baseline_bytes, "setup_s": setup_s,
+               "first_step_ms": first,
                **({"peak_gpu_bytes": held} if held is not None else {})})
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from pipelines.io import read_json
+from pipelines.report.first_step import PHASES, phase_key, first_step_table
 
 PEERS = {"torch_eager_full": "eager full", "torch_eager_frozen": "eager frozen",
          "torch_compile_full": "torch.compile", "peft_lora": "PEFT LoRA"}
@@ -38,6 +39,9 @@ def load(metrics: Path, cases: dict, deploy: list, devices: list, packages: list
         "profile": {c: get("profile", c) for c in deploy},
         "curves": {c: (get("curves", f"{c}-loss"), get("curves", f"{c}-eval"))
                    for c in cases},
+        "time": {phase: {key: get(f"time/{phase}", key) for key in
+                         {phase_key(phase, c, case["model"]) for c, case in cases.items()}}
+                 for phase in PHASES},
         # `pock gpu bench` runs, committed per GPU (docs/gpu.md)
         "gpu": {p.stem: read_json(p) for p in sorted((metrics / "gpu").glob("*.json"))},
     }
@@ -337,7 +341,8 @@ def render(found: dict, cases: dict, deploy: list) -> str:
              "![step latency per case](plots/latency.svg)", "",
              "![training memory per case](plots/memory.svg)", ""]
     for model, names in by_model.items():
-        lines += case_table(model, names, cases, found) + peer_table(model, names, found)
+        lines += (case_table(model, names, cases, found) + peer_table(model, names, found)
+                  + first_step_table(model, names, cases, found))
     for name in deploy:
         if found["prune"][name] and found["optimize"][name]:
             lines += sparse_tables(name, found["prune"][name], found["optimize"][name])
