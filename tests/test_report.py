@@ -73,6 +73,21 @@ def test_packages_show_both_runners_or_why_they_did_not_run():
     assert not [line for line in lines if line.startswith("| mbv2-host")]
 
 
+def test_a_device_run_shows_its_peak_or_that_it_did_not_fit():
+    built = {"library": "step.so", "library_bytes": 2**20, "links_on_device": False,
+             "target": '{"kind":"llvm","mcpu":"x86-64-v3"}'}
+    fits = {"ran": True, "verdict": "ok", "runner": "docker", "matches_host": True, "loss": 2.5,
+            "loss_host": 2.5, "container": {"median_ms": 900.0}, "peak_rss_bytes": 3 * 2**30}
+    killed = {"ran": True, "verdict": "out_of_memory", "runner": "docker", "memory_mb": 8192.0}
+    found = {"build": {"q_paper-board_8g": built, "q_full-board_8g": built}, "package": {},
+             "benchmark": {"q_paper-board_8g": fits, "q_full-board_8g": killed}}
+    rows = {line.split(" |")[0][2:]: line for line in device_table(found)
+            if line.startswith("| q_")}
+    assert rows["q_paper"].endswith("| 900.00 ms in a container (this machine's cores) "
+                                    "| 3072.00 MiB |")
+    assert rows["q_full"].endswith("| docker |  | out of memory | over 8192 MiB |")
+
+
 def test_a_case_is_read_by_accuracy_or_a_language_model_by_perplexity():
     cost = {"trainable_fraction": 0.3, "backward_flops_vs_full": 0.4}
     plan = {"planned_peak_bytes": 2**20}

@@ -17,7 +17,7 @@ import numpy as np
 from pipelines.data import timing_batch
 from pipelines.evaluate.finetune import (CHECKED_STEPS, Finetuned, check_first_losses, finetune,
                                          over_runs)
-from pipelines.evaluate.speed import Spec, measure
+from pipelines.evaluate.speed import Spec, in_fresh_process, measure
 from pipelines.frontends.twin import step_batch, torch_twin
 from pipelines.io import read_json, save_arrays
 from pipelines.phases import SIGNATURE
@@ -161,7 +161,10 @@ def evaluate_case(inputs, cores: int, build: Path, initial: dict, data: dict | N
     if "speed" in inputs.evaluate:
         batch = batch_for(signature, model, data, inputs.seed)
         if model.in_pytorch and finetuned is None:
-            compiled, pytorch = first_losses(model, build, initial, optimizer, *batch)
+            # in a process of its own, whose memory (the compiled step's and PyTorch's state,
+            # Qwen2.5-0.5B's full BP: 15 GB) is gone before the timed processes start
+            compiled, pytorch = in_fresh_process(first_losses, model, build, initial, optimizer,
+                                                 *batch)
             check_first_losses(inputs.case, compiled, pytorch)
             metrics["losses"] = {"compiled": compiled, "pytorch": pytorch}
         with tempfile.TemporaryDirectory(prefix="pock-evaluate-") as tmp:

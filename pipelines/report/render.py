@@ -214,7 +214,7 @@ def _target_name(target: str) -> str:
 
 def device_table(found: dict) -> list[str]:
     lines = ["## Devices", "", "| case | device | target | built | ran | matches the host "
-             "build | step latency |", "|---|---|---|---|---|---|---|"]
+             "build | step latency | peak memory |", "|---|---|---|---|---|---|---|---|"]
     for key, bench in found["benchmark"].items():
         built = found["build"].get(key)
         if bench is None or built is None:
@@ -224,10 +224,13 @@ def device_table(found: dict) -> list[str]:
         what = (f"{built['library']}, {_mib(built['library_bytes'])}"
                 + (" (objects the device links)" if built["links_on_device"] else "")
                 + (f"; {tuned} kernels tuned" if tuned else ""))
+        # the process's peak resident memory on the device (under qemu: qemu's included)
+        peak = _mib(bench["peak_rss_bytes"]) if "peak_rss_bytes" in bench else ""
         if not bench["ran"]:
             ran, matches, latency = f"not run ({bench['runner']})", "", ""
         elif bench["verdict"] == "out_of_memory":
-            ran, matches, latency = bench["runner"], "", f"out of memory ({bench['memory_mb']} MiB)"
+            ran, matches, latency = bench["runner"], "", "out of memory"
+            peak = f"over {bench['memory_mb']:.0f} MiB"
         else:
             ran = bench["runner"]
             matches = (f"{'yes' if bench['matches_host'] else 'NO'} (loss {bench['loss']:.6f} "
@@ -238,8 +241,8 @@ def device_table(found: dict) -> list[str]:
                        "machine's cores)" if "container" in bench
                        else f"{bench['compiled']['median_ms']:.2f} ms")
         case, device = key.rsplit("-", 1)
-        lines.append(f"| {case} | {device} | {_target_name(built['target'])} | {what} | {ran} | {matches} | "
-                     f"{latency} |")
+        lines.append(f"| {case} | {device} | {_target_name(built['target'])} | {what} | {ran} "
+                     f"| {matches} | {latency} | {peak} |")
     packages = [(k, p) for k, p in found["package"].items() if p]
     if packages:
         lines += ["", "Packages: the native runner (no Python) in the image, tried within the "
