@@ -114,14 +114,15 @@ def first_losses(model, build: Path, initial: dict, optimizer, *batch) -> tuple[
     ``optimizer.gradient_accumulation_steps`` calls of the compiled step."""
     from pipelines.models.pytorch import accumulated_step, make_optimizer
 
-    compiled = CompiledStep(build, initial)
-    twin = torch_twin(model, compiled.signature, initial)
-    update = make_optimizer(twin, optimizer, selection_of(compiled.signature),
-                            lr_scales_of(compiled.signature))
     calls = optimizer.gradient_accumulation_steps
-    return ([compiled.step(*batch) for _ in range(CHECKED_STEPS * calls)],
-            [loss for _ in range(CHECKED_STEPS) for loss in accumulated_step(
-                twin, update, [batch] * calls, compiled.signature["task"])])
+    compiled = CompiledStep(build, initial)
+    signature, ours = compiled.signature, [compiled.step(*batch)
+                                           for _ in range(CHECKED_STEPS * calls)]
+    del compiled  # one side's state at a time (Qwen2.5-0.5B's full BP: 8 GB each)
+    twin = torch_twin(model, signature, initial)
+    update = make_optimizer(twin, optimizer, selection_of(signature), lr_scales_of(signature))
+    return ours, [loss for _ in range(CHECKED_STEPS) for loss in accumulated_step(
+        twin, update, [batch] * calls, signature["task"])]
 
 
 def evaluate_case(inputs, cores: int, build: Path, initial: dict, data: dict | None,

@@ -56,26 +56,27 @@ class Spec:
 def make_step(case: str, spec: Spec):
     """A callable that runs one training step of ``case`` (the compiled step, or one of
     pipelines/peers) on the spec's batch, and the seconds its setup took: loading the compiled
-    step (its library and state), or building the peer (its model, its optimizer)."""
+    step (its library and state), or building the peer (its model, its optimizer). A peer's
+    process reads only the compiled step's signature, so that its memory is its own."""
     import torch
 
-    from pipelines.runtime.step import CompiledStep
+    from pipelines.runtime.step import SIGNATURE, CompiledStep
 
     torch.set_num_threads(spec.cores)
     if spec.device == "cuda":  # fp32 against fp32, as the compiled step computes it
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    started = time.perf_counter()
-    compiled = CompiledStep(spec.build, spec.initial)
+    signature = read_json(Path(spec.build) / SIGNATURE)
     with np.load(spec.batch) as saved:
-        batch = [saved[name] for name in compiled.signature["data"]]
+        batch = [saved[name] for name in signature["data"]]
+    started = time.perf_counter()
     if case == COMPILED:
+        compiled = CompiledStep(spec.build, spec.initial)
         args = compiled.arguments(*batch)
         # the same batch each call; a step built in place goes on from the state it left
         step = lambda: compiled.function(*args)  # noqa: E731
-    else:  # the compiled step loaded above gives a peer only its signature and state
-        started = time.perf_counter()
-        step = PEERS[case].make_step(spec, compiled, batch)
+    else:
+        step = PEERS[case].make_step(spec, signature, batch)
     setup_s = time.perf_counter() - started
     if spec.device == "cuda":  # kernels run asynchronously: a step ends when the GPU is done
         return lambda: (step(), torch.cuda.synchronize()), setup_s
@@ -239,13 +240,13 @@ def peer_losses(case: str, spec: Spec) -> tuple[list, list]:
     import torch
 
     from pipelines.evaluate.finetune import CHECKED_STEPS
-    from pipelines.runtime.step import CompiledStep
+    from pipelines.runtime.step import SIGNATURE
 
     torch.set_num_threads(spec.cores)
-    compiled = CompiledStep(spec.build, spec.initial)
+    signature = read_json(Path(spec.build) / SIGNATURE)
     with np.load(spec.batch) as saved:
-        batch = [saved[name] for name in compiled.signature["data"]]
-    return PEERS[case].check_losses(spec, compiled, batch, CHECKED_STEPS)
+        batch = [saved[name] for name in signature["data"]]
+    return PEERS[case].check_losses(spec, signature, batch, CHECKED_STEPS)
 
 
 def check_peers(spec: Spec, peers: list[str]) -> tuple[dict, dict]:

@@ -5,17 +5,19 @@ batch and thread count (pipelines/evaluate/speed.py).
 A peer is a module here, registered in PEERS (pipelines/registry.py) under its module name, with
     WORK                               "full" or "pruned": whose FLOPs its step computes (the
                                        prune report's full or pruned step), for GFLOP/s
-    make_step(spec, compiled, batch)   a callable that runs one training step; ``spec`` is
-                                       evaluate/speed.py's Spec, ``compiled`` the CompiledStep
-                                       of the build (its signature and initial state), ``batch``
-                                       the step's arrays in its order
+    make_step(spec, signature, batch)  a callable that runs one training step; ``spec`` is
+                                       evaluate/speed.py's Spec (the initial state in
+                                       ``spec.initial``), ``signature`` the built step's
+                                       (pipelines/ir.py), ``batch`` the step's arrays in its
+                                       order. The compiled step itself is not loaded in a
+                                       peer's process: its state is not the peer's memory
     cannot_time(signature, model)      optional: why the peer cannot do the case whose step
                                        has this signature, of this model (a config's model
                                        section), as a string, or None; such a case's
                                        metrics say so instead of a time
     IMPORTS                            optional: the libraries the peer runs on, imported
                                        before its memory baseline (as PyTorch and TVM are)
-    check_losses(spec, compiled, batch, steps)
+    check_losses(spec, signature, batch, steps)
                                        for a peer that is not PyTorch: its losses over its first
                                        ``steps`` on ``batch`` and PyTorch's doing the same
                                        update; a peer whose losses are not PyTorch's, or that

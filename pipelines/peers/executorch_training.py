@@ -74,7 +74,7 @@ def _empty_permuted(size, physical_layout, **options):
         [physical_layout.index(axis) for axis in range(len(size))])
 
 
-def et_step(spec, compiled, batch, frozen: bool):
+def et_step(spec, signature, batch, frozen: bool):
     """One ExecuTorch training step (forward and backward by its runtime, then its SGD) as a
     callable returning the loss: every parameter trained, or with ``frozen`` the scheme's."""
     import torch
@@ -83,13 +83,13 @@ def et_step(spec, compiled, batch, frozen: bool):
                                                get_sgd_optimizer)
     from torch.export.experimental import _export_forward_backward
 
-    model, names = peer_twin(spec, compiled, frozen)
+    model, names = peer_twin(spec, signature, frozen)
     refuse_training_norms(model)
     trained = set(names)
     for name, param in model.named_parameters():
         param.requires_grad_(name in trained)
     data = tuple(torch.from_numpy(a) for a in batch)
-    exported = torch.export.export(_with_loss(model, compiled.signature["task"]), data,
+    exported = torch.export.export(_with_loss(model, signature["task"]), data,
                                    strict=False)
     joint = _export_forward_backward(exported).run_decompositions(
         {torch.ops.aten.empty_permuted.default: _empty_permuted})
@@ -110,7 +110,7 @@ def et_step(spec, compiled, batch, frozen: bool):
     return step
 
 
-def first_losses(spec, compiled, batch, steps: int, frozen: bool) -> tuple[list, list]:
+def first_losses(spec, signature, batch, steps: int, frozen: bool) -> tuple[list, list]:
     """The peer's first losses and PyTorch's doing the same update."""
-    return losses_beside_pytorch(et_step(spec, compiled, batch, frozen), spec, compiled, batch,
+    return losses_beside_pytorch(et_step(spec, signature, batch, frozen), spec, signature, batch,
                                  steps, frozen, spec.optimizer)

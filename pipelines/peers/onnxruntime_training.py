@@ -85,7 +85,7 @@ def held_norms_as_arithmetic(model):
     return model
 
 
-def ort_step(spec, compiled, batch, frozen: bool):
+def ort_step(spec, signature, batch, frozen: bool):
     """One ONNX Runtime training step (forward, backward, optimizer, gradients reset) as a
     callable returning its loss: every parameter trained, or with ``frozen`` the scheme's."""
     import numpy as np
@@ -93,12 +93,12 @@ def ort_step(spec, compiled, batch, frozen: bool):
     from onnxruntime.training import api
 
     onnxruntime.set_default_logger_severity(3)  # its graph passes log each step at info
-    model, names = peer_twin(spec, compiled, frozen)
+    model, names = peer_twin(spec, signature, frozen)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = spec.cores
     with tempfile.TemporaryDirectory(prefix="pock-ort-") as tmp:
         directory = Path(tmp)
-        _write_artifacts(model, spec.model.source, compiled.signature, batch, names,
+        _write_artifacts(model, spec.model.source, signature, batch, names,
                          directory, spec.optimizer)
         state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
         module = api.Module(str(directory / "training_model.onnx"), state,
@@ -107,7 +107,7 @@ def ort_step(spec, compiled, batch, frozen: bool):
     optimizer.set_learning_rate(spec.optimizer.lr)
     module.train()
     *inputs, labels = batch
-    task = compiled.signature["task"]
+    task = signature["task"]
     if task in TOKEN_TASKS:
         labels = TOKEN_TASKS[task][1](labels)
     labels = labels.astype(np.int64) if labels.dtype.kind in "iu" else labels
@@ -189,7 +189,7 @@ def _native_stderr_silenced():
         os.close(saved)
 
 
-def first_losses(spec, compiled, batch, steps: int, frozen: bool) -> tuple[list, list]:
+def first_losses(spec, signature, batch, steps: int, frozen: bool) -> tuple[list, list]:
     """The peer's first losses and PyTorch's doing the same update (``optimizer_run``'s)."""
-    return losses_beside_pytorch(ort_step(spec, compiled, batch, frozen), spec, compiled, batch,
+    return losses_beside_pytorch(ort_step(spec, signature, batch, frozen), spec, signature, batch,
                                  steps, frozen, optimizer_run(spec.optimizer))

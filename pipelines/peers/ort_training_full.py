@@ -8,9 +8,9 @@ WORK = "full"
 __all__ = ["IMPORTS", "WORK", "cannot_time", "make_step", "check_losses"]
 
 
-def make_step(spec, compiled, batch):
-    return ort_step(spec, compiled, batch, frozen=False)
+def make_step(spec, signature, batch):
+    return ort_step(spec, signature, batch, frozen=False)
 
 
-def check_losses(spec, compiled, batch, steps: int):
-    return first_losses(spec, compiled, batch, steps, frozen=False)
+def check_losses(spec, signature, batch, steps: int):
+    return first_losses(spec, signature, batch, steps, frozen=False)

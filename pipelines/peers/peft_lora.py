@@ -11,7 +11,7 @@ def cannot_time(signature: dict, model) -> str | None:
     return None if signature.get("lora") else "PEFT LoRA times LoRA cases (a scheme with lora:)"
 
 
-def make_step(spec, compiled, batch):
+def make_step(spec, signature, batch):
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -19,15 +19,15 @@ def make_step(spec, compiled, batch):
     from pipelines.models.pytorch import make_optimizer, train_step
     from pipelines.models.torch_lora import adapted_modules
 
-    lora = compiled.signature.get("lora")
+    lora = signature.get("lora")
     if lora is None:
         raise ValueError("the peft_lora peer times LoRA cases only (a scheme with lora:)")
-    names = compiled.signature["source_names"].values()
-    model = torch_twin(spec.model, compiled.signature, spec.initial, adapters=False)
+    names = signature["source_names"].values()
+    model = torch_twin(spec.model, signature, spec.initial, adapters=False)
     config = LoraConfig(r=lora["rank"], lora_alpha=lora["scale"] * lora["rank"],
                         target_modules=adapted_modules(names), lora_dropout=0.0, bias="none")
     model = get_peft_model(model, config).to(spec.device)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     optimizer = make_optimizer(model, spec.optimizer, trainable)
     tensors = [torch.from_numpy(a).to(spec.device) for a in batch]
-    return lambda: train_step(model, optimizer, *tensors, task=compiled.signature["task"])
+    return lambda: train_step(model, optimizer, *tensors, task=signature["task"])

@@ -5,7 +5,7 @@ checked against its update (``peer_twin``, ``losses_beside_pytorch``)."""
 from __future__ import annotations
 
 
-def torch_step(spec, compiled, batch, frozen: bool, compile: bool = False):
+def torch_step(spec, signature, batch, frozen: bool, compile: bool = False):
     """One eager (or ``compile``d) PyTorch training step as a callable: full backpropagation
     of the plain model, or with ``frozen`` the scheme's model (LoRA adapters and all) with its
     frozen parameters frozen."""
@@ -15,19 +15,19 @@ def torch_step(spec, compiled, batch, frozen: bool, compile: bool = False):
     from pipelines.models.pytorch import make_optimizer, train_step
     from pipelines.runtime.step import lr_scales_of, selection_of
 
-    model = torch_twin(spec.model, compiled.signature, spec.initial,
+    model = torch_twin(spec.model, signature, spec.initial,
                        adapters=frozen).to(spec.device)
-    optimizer = (make_optimizer(model, spec.optimizer, selection_of(compiled.signature),
-                                lr_scales_of(compiled.signature)) if frozen
+    optimizer = (make_optimizer(model, spec.optimizer, selection_of(signature),
+                                lr_scales_of(signature)) if frozen
                  else make_optimizer(model, spec.optimizer))
     tensors = [torch.from_numpy(a).to(spec.device) for a in batch]
     # torch.compile: forward and backward compiled (Inductor, C++ on the CPU), the update
     # eager; compiling happens in the first warm-up step, outside the timed ones.
     net = torch.compile(model) if compile else model
-    return lambda: train_step(net, optimizer, *tensors, task=compiled.signature["task"])
+    return lambda: train_step(net, optimizer, *tensors, task=signature["task"])
 
 
-def peer_twin(spec, compiled, frozen: bool):
+def peer_twin(spec, signature, frozen: bool):
     """The twin a peer trains (the plain model for full backpropagation; the scheme's, LoRA
     adapters and all, for the scheme) and the parameters it trains, by the source's names:
     whole tensors (a channel-selected parameter is trained whole, as other engines freeze
@@ -35,13 +35,13 @@ def peer_twin(spec, compiled, frozen: bool):
     from pipelines.frontends.twin import torch_twin
     from pipelines.runtime.step import selection_of
 
-    model = torch_twin(spec.model, compiled.signature, spec.initial, adapters=frozen)
-    names = (list(selection_of(compiled.signature)) if frozen
+    model = torch_twin(spec.model, signature, spec.initial, adapters=frozen)
+    names = (list(selection_of(signature)) if frozen
              else [name for name, _ in model.named_parameters()])
     return model, names
 
 
-def losses_beside_pytorch(peer_step, spec, compiled, batch, steps: int, frozen: bool,
+def losses_beside_pytorch(peer_step, spec, signature, batch, steps: int, frozen: bool,
                           optimizer) -> tuple[list, list]:
     """A peer's losses over its first ``steps`` (``peer_step()`` runs one and returns its loss),
     and PyTorch's training what ``peer_twin`` gives with ``optimizer`` (a config's optimizer)
@@ -49,7 +49,7 @@ def losses_beside_pytorch(peer_step, spec, compiled, batch, steps: int, frozen: 
     from pipelines.models.pytorch import make_optimizer, train_step
 
     peer = [peer_step() for _ in range(steps)]
-    twin, names = peer_twin(spec, compiled, frozen)
+    twin, names = peer_twin(spec, signature, frozen)
     update = make_optimizer(twin, optimizer, names)
-    return peer, [train_step(twin, update, *batch, task=compiled.signature["task"])
+    return peer, [train_step(twin, update, *batch, task=signature["task"])
                   for _ in range(steps)]

@@ -8,9 +8,9 @@ WORK = "pruned"
 __all__ = ["IMPORTS", "WORK", "cannot_time", "make_step", "check_losses"]
 
 
-def make_step(spec, compiled, batch):
-    return tf_step(spec, compiled, batch, frozen=True)
+def make_step(spec, signature, batch):
+    return tf_step(spec, signature, batch, frozen=True)
 
 
-def check_losses(spec, compiled, batch, steps: int):
-    return first_losses(spec, compiled, batch, steps, frozen=True)
+def check_losses(spec, signature, batch, steps: int):
+    return first_losses(spec, signature, batch, steps, frozen=True)

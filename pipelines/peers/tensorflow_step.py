@@ -130,7 +130,7 @@ class _Translation:
         return run
 
 
-def tf_step(spec, compiled, batch, frozen: bool):
+def tf_step(spec, signature, batch, frozen: bool):
     """One TensorFlow training step as a callable returning its loss: every parameter of
     the model trained, or with ``frozen`` the scheme's (whole tensors)."""
     import numpy as np
@@ -141,7 +141,7 @@ def tf_step(spec, compiled, batch, frozen: bool):
 
     tf.config.threading.set_intra_op_parallelism_threads(spec.cores)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    twin, names = peer_twin(spec, compiled, frozen)
+    twin, names = peer_twin(spec, signature, frozen)
     model = _Translation(twin.train(), names)
     trained = [model.variables[name] for name in names]
     buffers = [tf.Variable(tf.zeros_like(v), trainable=False) for v in trained]
@@ -172,9 +172,9 @@ def tf_step(spec, compiled, batch, frozen: bool):
     return lambda: float(step())
 
 
-def first_losses(spec, compiled, batch, steps: int, frozen: bool) -> tuple[list, list]:
+def first_losses(spec, signature, batch, steps: int, frozen: bool) -> tuple[list, list]:
     """The peer's first losses and PyTorch's doing the same update."""
     from pipelines.peers.pytorch import losses_beside_pytorch
 
-    return losses_beside_pytorch(tf_step(spec, compiled, batch, frozen), spec, compiled, batch,
+    return losses_beside_pytorch(tf_step(spec, signature, batch, frozen), spec, signature, batch,
                                  steps, frozen, spec.optimizer)

@@ -7,5 +7,5 @@ from pipelines.peers.pytorch import torch_step
 WORK = "full"
 
 
-def make_step(spec, compiled, batch):
-    return torch_step(spec, compiled, batch, frozen=False, compile=True)
+def make_step(spec, signature, batch):
+    return torch_step(spec, signature, batch, frozen=False, compile=True)

@@ -8,5 +8,5 @@ from pipelines.peers.pytorch import torch_step
 WORK = "pruned"
 
 
-def make_step(spec, compiled, batch):
-    return torch_step(spec, compiled, batch, frozen=True)
+def make_step(spec, signature, batch):
+    return torch_step(spec, signature, batch, frozen=True)

@@ -6,5 +6,5 @@ from pipelines.peers.pytorch import torch_step
 WORK = "full"
 
 
-def make_step(spec, compiled, batch):
-    return torch_step(spec, compiled, batch, frozen=False)
+def make_step(spec, signature, batch):
+    return torch_step(spec, signature, batch, frozen=False)
