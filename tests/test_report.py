@@ -157,7 +157,7 @@ def test_the_time_to_a_first_step_adds_up_each_phase_and_the_first_step():
                  "optimize": {"a": timed(1.0), "old": timed(1.0)},
                  "tune": {"a-host": timed(1.0), "old-host": timed(1.0)},
                  "build": {"a-host": timed(10.0), "old-host": timed(1.0)}}}
-    lines = first_step_table("m", ["a", "b", "old"], {}, found)
+    lines = first_step_table("m", ["a", "b", "old"], found)
     assert lines[0] == "### m: time to the first step (from the model, on the host)"
     (row,) = [line for line in lines if line.startswith("| a |")]
     # 19 s of phases (import and lower the model's), 1 s to load and step: 20 s; the peers'
@@ -166,4 +166,4 @@ def test_the_time_to_a_first_step_adds_up_each_phase_and_the_first_step():
                    "| 1.0 s | **20.0 s** |  | 10.0 s |")
     # b's prune was not timed, old's first step was not: neither is a row
     assert not [line for line in lines if line.startswith(("| b |", "| old |"))]
-    assert first_step_table("m", ["b"], {}, found) == []
+    assert first_step_table("m", ["b"], found) == []

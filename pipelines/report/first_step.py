@@ -22,7 +22,7 @@ def _first(row: dict | None) -> float | None:
     return None if row is None else row["setup_s"] + row["first_step_ms"] / 1e3
 
 
-def first_step_table(model: str, names: list[str], cases: dict, found: dict) -> list[str]:
+def first_step_table(model: str, names: list[str], found: dict) -> list[str]:
     """Per case of ``model``: each phase's seconds, their sum, the compiled step's setup and
     first step, the time to the first step from the model; then the peers' setup and first
     step. Cases whose phases were not all timed (metrics from before the phases were) are left

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from pipelines.io import read_json
-from pipelines.report.first_step import PHASES, phase_key, first_step_table
+from pipelines.report.first_step import PHASES, first_step_table, phase_key
 
 PEERS = {"torch_eager_full": "eager full", "torch_eager_frozen": "eager frozen",
          "torch_compile_full": "torch.compile", "peft_lora": "PEFT LoRA"}
@@ -345,7 +345,7 @@ def render(found: dict, cases: dict, deploy: list) -> str:
              "![training memory per case](plots/memory.svg)", ""]
     for model, names in by_model.items():
         lines += (case_table(model, names, cases, found) + peer_table(model, names, found)
-                  + first_step_table(model, names, cases, found))
+                  + first_step_table(model, names, found))
     for name in deploy:
         if found["prune"][name] and found["optimize"][name]:
             lines += sparse_tables(name, found["prune"][name], found["optimize"][name])
