@@ -1,7 +1,10 @@
 """evaluate/speed.py's timing discipline: the compiled step and its peers, each in its own
 process, timed in interleaved rounds; peers that do not fit beside each other (the machine's
-available memory against the largest case measured so far) take their turn in later groups
-against the compiled step, so every peer is measured and none is dropped."""
+available memory against the largest process measured so far) take their turn in later groups
+against the compiled step, or, where one fits beside nothing, take turns with it one process at a
+time, so every peer is measured and none is dropped."""
+import multiprocessing
+
 import numpy as np
 import pytest
 from conftest import random_batch
@@ -18,20 +21,33 @@ def spec(small, build_case, tmp_path_factory):
     compiled = build_case(small, "llama_paper")
     batch = tmp_path_factory.mktemp("speed") / "batch.npz"
     save_arrays(batch, dict(zip(compiled.signature["data"], random_batch(compiled))))
-    return Spec(cores=1, warmup=1, steps=2, batch=batch, build=compiled.directory,
+    return Spec(cores=1, warmup=1, steps=2, rounds=2, batch=batch, build=compiled.directory,
                 initial=compiled.initial, model=small.models["llama_tiny"],
                 optimizer=small.optimizers["sgd"])
 
 
-@pytest.mark.parametrize("room, groups", [(2**50, 1), (0, 2)])
-def test_every_peer_is_timed_against_the_compiled_step(spec, room, groups):
-    results = time_interleaved(spec, CASES, available=lambda: room)
-    # the compiled step is timed in every group; each peer in its own
-    assert results["compiled"]["steps"] == 2 * groups
+def room_beside_one() -> int:
+    """Room for one more process while one case's is up, none beside two."""
+    return 2**50 if len(multiprocessing.active_children()) <= 1 else 0
+
+
+@pytest.mark.parametrize("available, compiled_steps, compiled_processes, peer_processes", [
+    (lambda: 2**50, 2, 1, 1),  # every case beside the others: one group
+    (room_beside_one, 4, 1, 1),  # each peer beside the compiled step in its own group
+    # none beside another: a fresh process of each in turn, one up at a time (the compiled
+    # step's last one timed against the next peer too)
+    (lambda: 0, 4, 3, 2)])
+def test_every_peer_is_timed_against_the_compiled_step(spec, available, compiled_steps,
+                                                       compiled_processes, peer_processes):
+    results = time_interleaved(spec, CASES, available=available)
+    assert results["compiled"]["steps"] == compiled_steps
+    assert results["compiled"]["processes"] == compiled_processes
     for case in CASES:
         assert results[case]["median_ms"] > 0 and results[case]["peak_rss_bytes"] > 0
         assert np.isfinite(results[case]["p90_ms"])
         # the time to a first step: its setup (loading the library, building the model), then
         # the first step, each measured, not a step's median
         assert 0 < results[case]["setup_s"] < 60 and results[case]["first_step_ms"] > 0
-    assert results["torch_eager_full"]["steps"] == results["torch_eager_frozen"]["steps"] == 2
+    for peer in CASES[1:]:
+        assert results[peer]["steps"] == 2 and results[peer]["processes"] == peer_processes
+    assert not multiprocessing.active_children()  # every case's process is gone

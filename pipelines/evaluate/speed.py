@@ -17,6 +17,7 @@ GFLOP/s. On a GPU (``Spec.device``), each case's memory is also what it holds on
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import math
 import multiprocessing
@@ -90,7 +91,8 @@ def serve_case(case: str, spec: Spec, conn) -> None:
     os.environ["TVM_NUM_THREADS"] = str(spec.cores)
     from contextlib import nullcontext
 
-    from pipelines.runtime.peak_memory import HeldOnGPU, PeakRSS, resident_bytes
+    from pipelines.runtime.peak_memory import (HeldOnGPU, PeakRSS, peak_resident_bytes,
+                                                 resident_bytes)
 
     for library in getattr(PEERS.get(case), "IMPORTS", ()):
         importlib.import_module(library)  # its import is not the case's footprint
@@ -100,13 +102,20 @@ def serve_case(case: str, spec: Spec, conn) -> None:
         # optimizer state, which PyTorch makes in its first step) and what its steps add.
         before = resident_bytes()
         step, setup_s = make_step(case, spec)
+        # The initial values are in the case's own state or model now: this process's copy
+        # goes (a real-size model's is gigabytes), and the baseline with it, so that what the
+        # case holds still counts.
+        held = resident_bytes() - before
+        spec.initial = None
+        gc.collect()
+        before = resident_bytes() - held
         with PeakRSS(since=before) as peak:
             # The time to a first step: the setup, then the first step, where torch.compile
             # compiles and PyTorch's optimizer makes its state.
             first = step_times(step, 0, 1)[0]
             step_times(step, max(spec.warmup - 1, 0), 0)
             held = gpu.read() if spec.device == "cuda" else None  # the others wait meanwhile
-            conn.send({"ready": True, "peak_rss_bytes": peak.so_far_bytes()})
+            conn.send({"ready": True, "process_peak_bytes": peak_resident_bytes()})
             while (round_ := conn.recv()) is not None:
                 conn.send(step_times(step, 0, *round_))
     conn.send({"peak_rss_bytes": peak.above_baseline_bytes, "setup_s": setup_s,
@@ -137,6 +146,10 @@ class _Case:
         self.conn.send(message)
         return self.receive()
 
+    def close(self) -> None:
+        self.process.kill()
+        self.process.join()
+
 
 def available_bytes() -> int:
     """What this machine can still give without swapping (MemAvailable)."""
@@ -146,9 +159,10 @@ def available_bytes() -> int:
     raise RuntimeError("/proc/meminfo has no MemAvailable")
 
 
-# Start another peer only while the machine has room for this many of the largest case warmed
-# up so far.
-HEADROOM = 1.25
+# Start another case only while the machine has room for this many of the largest process
+# (case) warmed up so far: a peer may hold more than the largest so far (PyTorch's full BP
+# holds 1.2x the compiled full step of Qwen2.5-0.5B), and the machine needs some for itself.
+HEADROOM = 1.5
 
 
 def time_interleaved(spec: Spec, cases: list[str], available=available_bytes
@@ -157,46 +171,81 @@ def time_interleaved(spec: Spec, cases: list[str], available=available_bytes
     after the other (none warms up, or compiles, while another is timed), then timed in
     ``spec.rounds`` rounds, each case in turn, the order rotating each round.
 
-    The first case (the compiled step) stays up throughout; the others start while the
-    machine has room for another of the largest warmed up so far (its measured peak). Those
-    that do not fit beside them take their turn in a later group, timed against the first
-    case in the same way: every peer measured, none beside more than the machine holds."""
+    The first case (the compiled step) stays up while the others start, as long as the machine
+    has room for another of the largest process warmed up so far (its whole peak, libraries
+    included). Those that do not fit take their turn in a later group, timed against the first
+    case in the same way. One that does not fit even beside the first alone takes turns with
+    it: each round a fresh process of each, one after the other, one process up at a time.
+    Every peer is measured; no two run beside each other where the machine cannot hold them.
+    ``processes``: how many processes a case was timed in."""
     from pipelines.progress import progress
 
     context = multiprocessing.get_context("spawn")
-    started, times, memory = [], {case: [] for case in cases}, {}
+    times, memory = {case: [] for case in cases}, {}
+    processes = dict.fromkeys(cases, 0)
     round_ = (math.ceil(spec.steps / spec.rounds), spec.min_seconds / spec.rounds)
+    largest = 0
 
-    def start(case: str) -> int:
-        started.append(_Case(context, case, spec))
-        return started[-1].receive()["peak_rss_bytes"]
+    def start(case: str) -> _Case:
+        nonlocal largest
+        worker = _Case(context, case, spec)
+        largest = max(largest, worker.receive()["process_peak_bytes"])
+        processes[case] += 1
+        return worker
 
+    def stop(worker: _Case) -> None:
+        """Its memory (the highest of its processes'; setup and first step: its first's)."""
+        measured, kept = worker.ask(None), memory.get(worker.case, {})
+        memory[worker.case] = {**measured, **kept, **{
+            key: max(measured[key], kept.get(key, 0))
+            for key in ("peak_rss_bytes", "peak_gpu_bytes") if key in measured}}
+        worker.close()
+
+    up: list[_Case] = []
     try:
-        largest, first, pending = start(cases[0]), started[0], list(cases[1:])
+        first, pending = None, list(cases[1:])
         while True:
+            if first is None:
+                first = start(cases[0])
+                up.append(first)
             group = []
-            while pending and (not group or available() > HEADROOM * largest):
-                largest = max(largest, start(pending.pop(0)))
-                group.append(started[-1])
-            workers = [first, *group]
-            for index in progress(range(spec.rounds), f"speed: {len(workers)} cases"):
-                turn = index % len(workers)
-                for worker in workers[turn:] + workers[:turn]:
-                    times[worker.case] += worker.ask(round_)
-            for worker in group:  # done: its memory goes back before the next group starts
-                memory[worker.case] = worker.ask(None)
-                worker.process.kill()
-                worker.process.join()
+            while pending and available() > HEADROOM * largest:
+                group.append(start(pending.pop(0)))
+                up.append(group[-1])
+            if pending and not group:  # the next fits beside nothing: they take turns
+                alone = pending.pop(0)
+                for index in progress(range(spec.rounds), f"speed: {alone} in turn"):
+                    for case in [cases[0], alone][::1 if index % 2 == 0 else -1]:
+                        if case == cases[0] and first is None:
+                            first = start(case)
+                            up.append(first)
+                        elif case == alone:
+                            if first is not None:
+                                stop(up.pop())
+                                first = None
+                            up.append(start(case))
+                        times[case] += up[-1].ask(round_)
+                        if case == alone:
+                            stop(up.pop())
+            else:
+                workers = [first, *group]
+                for index in progress(range(spec.rounds), f"speed: {len(workers)} cases"):
+                    turn = index % len(workers)
+                    for worker in workers[turn:] + workers[:turn]:
+                        times[worker.case] += worker.ask(round_)
+                for worker in group:  # done: its memory goes back before the next starts
+                    stop(worker)
+                    up.remove(worker)
             if not pending:
                 break
-        memory[first.case] = first.ask(None)
+        if first is not None:
+            stop(up.pop())
     finally:
-        for worker in started:
-            worker.process.kill()
-            worker.process.join()
+        for worker in up:
+            worker.close()
     return {case: {"median_ms": float(np.median(times[case])),
                    "p90_ms": float(np.percentile(times[case], 90)),
-                   **memory[case], "steps": len(times[case])}
+                   **memory[case], "steps": len(times[case]), "processes": processes[case]}
             for case in cases}
 
 
