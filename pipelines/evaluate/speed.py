@@ -11,7 +11,8 @@ the other: a shared machine's load comes and goes over seconds, and timed back t
 could get a quiet minute and the next a busy one. Interleaved, each case sees the same weather,
 so their ratio holds where their absolute times do not (docs/tuning.md, "Timing"). Peers that
 do not fit in memory beside each other (a real-size LLM's PyTorch peers take gigabytes each)
-take their turn in later groups against the compiled step, interleaved the same way.
+take their turn in later groups against the compiled step, interleaved the same way; one that
+fits beside nothing takes turns with the compiled step, a fresh process of each per round.
 ``sgemm_peak`` measures what the machine's BLAS reaches (cuBLAS's for a GPU), the yardstick for
 GFLOP/s. On a GPU (``Spec.device``), each case's memory is also what it holds on the GPU.
 """
