@@ -43,14 +43,15 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def llm():
     """experiment=llm with both models reduced."""
+    models = ("smollm", "qwen", "qwen_512")
     return compose_params("experiment=llm", *[
-        f"+models.{model}.config.{key}={value}" for model in ("smollm", "qwen")
+        f"+models.{model}.config.{key}={value}" for model in models
         for key, value in REDUCED.items()], *[
-        f"models.{model}.dims.sequence={SEQUENCE}" for model in ("smollm", "qwen")])
+        f"models.{model}.dims.sequence={SEQUENCE}" for model in models])
 
 
 CASES = ["smollm_full", "smollm_paper", "smollm_lora", "qwen_full", "qwen_paper", "qwen_lora",
-         "qwen_bias_only"]
+         "qwen_bias_only", "qwen_lora_512"]
 
 
 def test_the_experiment_names_every_case_tested_here(llm):
