@@ -106,10 +106,10 @@ def serve_case(case: str, spec: Spec, conn) -> None:
         # The initial values are in the case's own state or model now: this process's copy
         # goes (a real-size model's is gigabytes), and the baseline with it, so that what the
         # case holds still counts.
-        held = resident_bytes() - before
+        set_up = resident_bytes() - before
         spec.initial = None
         gc.collect()
-        before = resident_bytes() - held
+        before = resident_bytes() - set_up
         with PeakRSS(since=before) as peak:
             # The time to a first step: the setup, then the first step, where torch.compile
             # compiles and PyTorch's optimizer makes its state.
@@ -185,11 +185,13 @@ def time_interleaved(spec: Spec, cases: list[str], available=available_bytes
     times, memory = {case: [] for case in cases}, {}
     processes = dict.fromkeys(cases, 0)
     round_ = (math.ceil(spec.steps / spec.rounds), spec.min_seconds / spec.rounds)
-    largest = 0
+    largest = 0  # the largest process's whole peak so far
+    up: list[_Case] = []  # the processes up now
 
     def start(case: str) -> _Case:
         nonlocal largest
         worker = _Case(context, case, spec)
+        up.append(worker)
         largest = max(largest, worker.receive()["process_peak_bytes"])
         processes[case] += 1
         return worker
@@ -201,33 +203,31 @@ def time_interleaved(spec: Spec, cases: list[str], available=available_bytes
             key: max(measured[key], kept.get(key, 0))
             for key in ("peak_rss_bytes", "peak_gpu_bytes") if key in measured}}
         worker.close()
+        up.remove(worker)
 
-    up: list[_Case] = []
     try:
         first, pending = None, list(cases[1:])
         while True:
             if first is None:
                 first = start(cases[0])
-                up.append(first)
             group = []
             while pending and available() > HEADROOM * largest:
                 group.append(start(pending.pop(0)))
-                up.append(group[-1])
             if pending and not group:  # the next fits beside nothing: they take turns
                 alone = pending.pop(0)
                 for index in progress(range(spec.rounds), f"speed: {alone} in turn"):
                     for case in [cases[0], alone][::1 if index % 2 == 0 else -1]:
-                        if case == cases[0] and first is None:
-                            first = start(case)
-                            up.append(first)
-                        elif case == alone:
-                            if first is not None:
-                                stop(up.pop())
-                                first = None
-                            up.append(start(case))
-                        times[case] += up[-1].ask(round_)
                         if case == alone:
-                            stop(up.pop())
+                            if first is not None:
+                                stop(first)
+                                first = None
+                            worker = start(alone)
+                            times[alone] += worker.ask(round_)
+                            stop(worker)
+                        else:
+                            if first is None:
+                                first = start(case)
+                            times[case] += first.ask(round_)
             else:
                 workers = [first, *group]
                 for index in progress(range(spec.rounds), f"speed: {len(workers)} cases"):
@@ -236,11 +236,10 @@ def time_interleaved(spec: Spec, cases: list[str], available=available_bytes
                         times[worker.case] += worker.ask(round_)
                 for worker in group:  # done: its memory goes back before the next starts
                     stop(worker)
-                    up.remove(worker)
             if not pending:
                 break
         if first is not None:
-            stop(up.pop())
+            stop(first)
     finally:
         for worker in up:
             worker.close()
