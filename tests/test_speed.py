@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import random_batch
 
+from pipelines.evaluate import speed
 from pipelines.evaluate.speed import Spec, time_interleaved
 from pipelines.io import save_arrays
 
@@ -31,15 +32,26 @@ def room_beside_one() -> int:
     return 2**50 if len(multiprocessing.active_children()) <= 1 else 0
 
 
-@pytest.mark.parametrize("available, compiled_steps, compiled_processes, peer_processes", [
-    (lambda: 2**50, 2, 1, 1),  # every case beside the others: one group
-    (room_beside_one, 4, 1, 1),  # each peer beside the compiled step in its own group
-    # none beside another: a fresh process of each in turn, one up at a time (the compiled
-    # step's last one timed against the next peer too)
-    (lambda: 0, 4, 3, 2)])
-def test_every_peer_is_timed_against_the_compiled_step(spec, available, compiled_steps,
-                                                       compiled_processes, peer_processes):
+@pytest.mark.parametrize(
+    "available, most_beside, compiled_steps, compiled_processes, peer_processes", [
+        (lambda: 2**50, 2, 2, 1, 1),  # every case beside the others: one group
+        (room_beside_one, 1, 4, 1, 1),  # each peer beside the compiled step in its own group
+        # none beside another: a fresh process of each in turn, one up at a time (the compiled
+        # step's last one timed against the next peer too)
+        (lambda: 0, 0, 4, 3, 2)])
+def test_every_peer_is_timed_against_the_compiled_step(spec, monkeypatch, available, most_beside,
+                                                       compiled_steps, compiled_processes,
+                                                       peer_processes):
+    beside = []  # how many case processes were up as each started
+
+    class Counted(speed._Case):
+        def __init__(self, *args):
+            beside.append(len(multiprocessing.active_children()))
+            super().__init__(*args)
+
+    monkeypatch.setattr(speed, "_Case", Counted)
     results = time_interleaved(spec, CASES, available=available)
+    assert max(beside) == most_beside
     assert results["compiled"]["steps"] == compiled_steps
     assert results["compiled"]["processes"] == compiled_processes
     for case in CASES:
