@@ -7,22 +7,17 @@ update: the losses within 1e-4 relative, frozen weights bit-identical, the train
 PyTorch's, and every trained tensor as close to PyTorch's in float64 as PyTorch's own float32
 step is.
 
-Why against float64: AdamW steps each element by about lr * m / sqrt(v), a full step of the
-gradient's sign wherever the gradient is not tiny. Where an element's gradient is a sum that
-cancels to within float32 rounding of zero, the sign and the size of its step are the
-rounding's: Qwen2's key bias is all such elements (adding it shifts every score of a query by
-the same q.b, which softmax ignores: its exact gradient is zero), and so are some of a LoRA B's
-after the first step (then the next step's A gradient, through B, carries that rounding: in one
-run 3 of Qwen2's 7168 q_proj A elements, each with a float64 gradient 0.3-1.2% of the tensor's
-RMS, stepped the other way in the compiled step and none in PyTorch's; another run, none).
-Which elements land on which side is chance, in PyTorch from itself in another summation order
-too, and a flip moves the next steps' gradients of every tensor a little (those 3 flips put
-that q_proj's B 3e-4 of its change from the float64 step, PyTorch's 4e-6). So each tensor is
-compared with the float64 step on its steady elements, those whose float64 gradient was zero
-or at least 5% of the tensor's RMS at every step: the compiled step's distance held to three
-times PyTorch float32's plus 1e-3 of the tensor's change. The others are held to 2 lr per step
-(a sign flipped at every step) from PyTorch. A wrong or missing update is off by about all of
-the change.
+Why against float64, and why on steady elements (docs/llm.md, "Parity at a reduced size", has
+the trace): AdamW steps each element by about lr * m / sqrt(v), a full step of the gradient's
+sign wherever the gradient is not tiny. Where an element's gradient cancels to within float32
+rounding of zero (Qwen2's key bias: softmax ignores a shift every score of a query shares; some
+of a LoRA B's elements after the first step), its step's sign is the rounding's, in PyTorch
+from itself in another summation order too, and such a flip moves the next steps' gradients of
+every tensor a little. So each tensor is compared with the float64 step on its steady elements,
+those whose float64 gradient was zero or at least 5% of the tensor's RMS at every step: the
+compiled step's distance held to three times PyTorch float32's plus 1e-3 of the tensor's
+change. The others are held to 2 lr per step (a sign flipped at every step) from PyTorch. A
+wrong or missing update is off by about all of the change.
 
 Each step updates its state in place: no new storage for any weight or moment.
 The real-size runs are `pock compose experiment=llm && dvc repro`, never in the tests.

@@ -162,7 +162,7 @@ def available_bytes() -> int:
 
 # Start another case only while the machine has room for this many of the largest process
 # (case) warmed up so far: a peer may hold more than the largest so far (PyTorch's full BP
-# holds 1.2x the compiled full step of Qwen2.5-0.5B), and the machine needs some for itself.
+# more than the compiled full step), and the machine needs some for itself.
 HEADROOM = 1.5
 
 
