@@ -1,4 +1,4 @@
-"""What ONNX Runtime training's peers share (the `onnxruntime-training` package, its last
+"""What ONNX Runtime training's peers share (the `onnxruntime-training-cpu` package, its last
 release 1.19.2, deprecated since: the engine users of on-device training are leaving). The
 twin of the compiled step (the model's own module holding the step's initial values) is
 exported to ONNX with each layer in its own mode (training-mode batch norms, frozen statistics
