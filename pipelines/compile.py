@@ -31,7 +31,7 @@ from tvm import relax
 from pipelines.analysis.cost import scheme_report
 from pipelines.analysis.liveness import update_kernels
 from pipelines.analysis.memory_plan import memory_plan
-from pipelines.backend.build import build_step
+from pipelines.backend.build import PLANNED, build_step
 from pipelines.frontends import import_model, lower_model
 from pipelines.frontends.weights import FILE as WEIGHTS, save_weights
 from pipelines.ir import signature_of, with_signature, without_signature
@@ -49,14 +49,8 @@ from pipelines.transform.freeze_statistics import norm_scales
 
 NOTHING = tvm.transform.Sequential([])  # an optional pass that is off keeps its place
 
-# Phase 5: the build's own first passes up to static memory planning, to read the plan.
-PLAN = tvm.transform.Sequential([
-    relax.transform.RewriteDataflowReshape(),
-    relax.transform.ToNonDataflow(),
-    relax.transform.RemovePurityChecking(),
-    relax.transform.CallTIRRewrite(),
-    relax.transform.StaticPlanBlockMemory(),
-])
+# Phase 5: the CPU build's own passes up to memory planning, to read the plan.
+PLAN = tvm.transform.Sequential(PLANNED)
 
 
 def lower(model, imported: Path) -> Lowered:

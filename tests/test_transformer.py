@@ -30,6 +30,18 @@ CHANNELS = [
     {"name": "norm_quarter", "modules": ["layers.0.post_norm"], "channels": 0.25}]
 
 
+def kept_shapes(step, owners) -> set[tuple[int, int]]:
+    """The last two dimensions of every forward value the step's backward pass reads."""
+    from pipelines.analysis.liveness import block_of, classify, uses
+
+    func = step["train_step"]
+    kinds = classify(func, owners)
+    shapes = [[int(d) for d in v.ty.shape]
+              for b in block_of(func).bindings if kinds[b.var] != "forward"
+              for v in uses(b.value) if kinds.get(v) == "forward"]
+    return {tuple(shape[-2:]) for shape in shapes if len(shape) >= 2}
+
+
 @pytest.fixture(scope="module")
 def model(small):
     return small.models["llama_tiny"]
@@ -78,8 +90,14 @@ def test_compiled_decoder_step_matches_pytorch(tmp_path, small, model, full_step
     if recomputing:
         reordered = ReorderUpdates()(pruned)
         owners = update_owners(signature_of(pruned))
-        assert saved_for_backward(RecomputeActivations()(reordered)["train_step"], owners) < (
+        recomputed = RecomputeActivations()(reordered)
+        assert saved_for_backward(recomputed["train_step"], owners) < (
             saved_for_backward(reordered["train_step"], owners))
+        # Attention's probabilities (batch, heads, seq, seq) are kept without recomputation and
+        # not with it: the backward pass makes them again from the queries and keys.
+        seq = model.kwargs["seq_len"]
+        assert (seq, seq) in kept_shapes(reordered, owners)
+        assert (seq, seq) not in kept_shapes(recomputed, owners)
     optimized = optimize(PrunedStep(pruned, [], {}), reorder_updates=True,
                          recompute="always" if recomputing else "never")
     # RMS norm's squares and their gradients (2 * x ** 1) are products, not powf calls.

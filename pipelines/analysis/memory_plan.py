@@ -10,7 +10,7 @@ from pipelines.ir import nbytes
 
 def memory_plan(mod: tvm.IRModule, planned: tvm.IRModule, signature: dict) -> dict:
     """Bytes the VM holds for one step after static planning (``planned``: ``mod`` through the
-    build's passes up to StaticPlanBlockMemory, pipelines/compile.py's PLAN): inputs (weights,
+    CPU build's planning passes, pipelines/compile.py's PLAN): inputs (weights,
     state, batch), planned storage for intermediates (reused across their lifetimes), and
     outputs; plus what is alive at the step's peak, by kind (analysis/liveness.py)."""
     func = planned["train_step"]

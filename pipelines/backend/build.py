@@ -20,6 +20,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
+from pipelines.backend.arena_plan import arena_plan
 from pipelines.backend.blas import compile_with_backends
 from pipelines.backend.checked_once import drop_param_checks
 from pipelines.backend.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
@@ -53,6 +54,24 @@ def check_toolchain(profile) -> None:
                           f"which is not on PATH; install {NVCC_PACKAGE}")
 
 
+# The CPU build's Relax pipeline: TVM's default (relax.get_pipeline("default"), 0.27) with the
+# planned tensors placed in one arena by their lifetimes (arena_plan.py) and the per-call
+# parameter checks dropped (checked_once.py). PLANNED: its passes that plan memory, which the
+# memory plan runs on the optimized (legalized) step (compile.py: PLAN).
+PLANNED = [
+    relax.transform.RewriteDataflowReshape(), relax.transform.ToNonDataflow(),
+    relax.transform.RemovePurityChecking(), relax.transform.CallTIRRewrite(),
+    relax.transform.StaticPlanBlockMemory(), arena_plan,
+]
+CPU_PIPELINE = tvm.transform.Sequential([
+    relax.backend.DispatchSampling(), relax.backend.DispatchSortScan(),
+    relax.transform.LegalizeOps()] + PLANNED + [
+    relax.transform.LowerAllocTensor(), relax.transform.KillAfterLastUse(),
+    relax.transform.LowerRuntimeBuiltin(), relax.transform.ComputePrimValue(),
+    relax.transform.VMShapeLower(), relax.transform.AttachGlobalSymbol(), drop_param_checks,
+])
+
+
 def build_step(mod: tvm.IRModule, profile, directory: Path, database=None,
                inputs: int | None = None) -> dict:
     """Compile ``mod`` for ``profile`` into ``directory``; returns what the manifest records.
@@ -78,8 +97,7 @@ def build_step(mod: tvm.IRModule, profile, directory: Path, database=None,
         backends = {"measured": measured, "kernels": rows} if measured else {
             "measured": False, "reason": f"runner {profile.runner}: the build cannot time "
                                          f"kernels on the device; every product generated"}
-        (mod, kernels), pipeline = schedule_cpu(mod, target, database), tvm.transform.Sequential(
-            [relax.get_pipeline("default"), drop_param_checks])
+        (mod, kernels), pipeline = schedule_cpu(mod, target, database), CPU_PIPELINE
     with tvm.transform.PassContext(config=config) if config else contextlib.nullcontext():
         executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
     library = Path(directory) / LIBRARY[toolchain.output]

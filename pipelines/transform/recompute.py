@@ -10,6 +10,12 @@ binding that reads a cheap value, emits a copy of the chain that makes it from t
 forward original then dies at its last forward use. Fusion folds most copies into the backward
 kernels that read them, so the recomputation costs little time.
 
+Attention's probabilities are recomputed too, as fused attention kernels do: the product of two
+activations (queries by keys) is made again from the operands its own gradient keeps anyway,
+then its softmax, so the step keeps neither the probabilities nor their masked copy (a
+(batch, heads, sequence, sequence) tensor each, per layer). Its cost is the scores' product
+once more, small beside the projections' until the sequence is much longer than the width.
+
 This is activation checkpointing at the granularity of cheap operators (Relax's Gradient pass
 offers checkpointing of marked regions at autodiff time; this works on the pruned, reordered
 step, where what the backward pass still reads is known). Run after reorder_updates.py.
@@ -35,7 +41,7 @@ import tvm
 from tvm import relax
 
 from pipelines.analysis.liveness import classify, update_owners
-from pipelines.ir import op_name, signature_of
+from pipelines.ir import nbytes, op_name, signature_of
 
 # Operators worth recomputing: elementwise, injective and normalizations (a pass or two over
 # their input). Convolutions and matmuls are the anchors: their outputs are kept.
@@ -47,11 +53,17 @@ CHEAP = {
     "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
     "relax.strided_slice", "relax.concat", "relax.broadcast_to",
     "relax.nn.batch_norm", "relax.nn.layer_norm", "relax.nn.rms_norm", "relax.mean",
-    "relax.variance",
+    "relax.variance", "relax.nn.softmax",
 }
-# At most this many operators in one recomputed chain (tuple projections not counted): without
-# a bound, residual additions would chain a recomputation back through every block.
-MAX_CHAIN = 3
+# No work of their own: a view, or a fill that reads only its operand's shape.
+FREE = {"relax.reshape", "relax.full_like", "relax.zeros_like", "relax.ones_like"}
+# At most this many operators in one recomputed chain (free ones and tuple projections not
+# counted): without a bound, residual additions would chain a recomputation back through every
+# block. Attention's masked probabilities are the longest wanted: scores product, mask, softmax,
+# masking, broadcast.
+MAX_CHAIN = 5
+# An operand this many times smaller than the value may be kept to recompute it.
+SMALL = 8
 
 
 def _rebuild(expr, mapping: dict):
@@ -76,11 +88,29 @@ def _vars_in(expr) -> list[relax.Var]:
     return found
 
 
-def recomputable(func: relax.Function, update_outputs: dict[int, str]) -> dict[relax.Var, int]:
-    """Forward bindings the backward pass can make again, with the length of their chain."""
+def _small_beside(operand: relax.Var, var: relax.Var) -> bool:
+    return isinstance(operand.ty, relax.TensorType) and isinstance(var.ty, relax.TensorType) \
+        and nbytes(operand) * SMALL <= nbytes(var)
+
+
+def _from_batch(func: relax.Function, data: list[str]) -> set[relax.Var]:
+    """Bindings whose value depends on the batch: activations, not functions of weights."""
+    found = {p for p in func.params if p.name in data}
+    for b in func.body.blocks[0].bindings:
+        if any(v in found for v in _vars_in(b.value)):
+            found.add(b.var)
+    return found
+
+
+def recomputable(func: relax.Function, update_outputs: dict[int, str],
+                 data: list[str]) -> dict[relax.Var, int]:
+    """Forward bindings the backward pass can make again, with the length of their chain.
+    ``data``: the step's batch inputs (a product of two values made from them is attention's
+    scores, recomputed; a product by a weight is an anchor)."""
     bindings = func.body.blocks[0].bindings
     kinds = classify(func, update_outputs)
     defined = {b.var for b in bindings}
+    from_batch = _from_batch(func, data)
     # What the plain step keeps for its backward pass: forward values later bindings read.
     kept = {v for b in bindings if kinds[b.var] != "forward" for v in _vars_in(b.value)
             if v in defined and kinds[v] == "forward"}
@@ -89,27 +119,30 @@ def recomputable(func: relax.Function, update_outputs: dict[int, str]) -> dict[r
         if kinds[b.var] != "forward":
             continue
         value = b.value
-        if isinstance(value, relax.TupleGetItem):
+        if isinstance(value, relax.TupleGetItem) or op_name(value) in FREE:
             cost = 0
-        elif op_name(value) in CHEAP:
+        elif op_name(value) in CHEAP or (op_name(value) == "relax.matmul" and all(
+                a in from_batch for a in value.args)):
             cost = 1
         else:
             continue
         operands = [v for v in _vars_in(value) if v in defined]
-        # Each operand must be there at backward time: kept anyway, or recomputable itself.
-        if all(v in chain or v in kept for v in operands):
+        # Each operand must be there at backward time: kept anyway, recomputable itself, or
+        # small beside the value and kept for it (attention's mask beside its scores).
+        if all(v in chain or v in kept or _small_beside(v, b.var) for v in operands):
             length = cost + max((chain.get(v, 0) for v in operands), default=0)
             if length <= MAX_CHAIN:
                 chain[b.var] = length
     return chain
 
 
-def _recomputed(func: relax.Function, update_outputs: dict[int, str]) -> tuple[relax.Function, int]:
+def _recomputed(func: relax.Function, update_outputs: dict[int, str],
+                data: list[str]) -> tuple[relax.Function, int]:
     """The step with its cheap saved activations recomputed where the backward pass reads them.
     Returns the function and how many forward values are no longer kept."""
     bindings = func.body.blocks[0].bindings
     kinds = classify(func, update_outputs)
-    chain = recomputable(func, update_outputs)
+    chain = recomputable(func, update_outputs, data)
     by_var = {b.var: b for b in bindings}
     outputs = set(func.body.body.fields)
     builder = relax.BlockBuilder()
@@ -149,5 +182,7 @@ class RecomputeActivations:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         out = mod.clone()
-        out["train_step"], _ = _recomputed(mod["train_step"], update_owners(signature_of(mod)))
+        signature = signature_of(mod)
+        out["train_step"], _ = _recomputed(mod["train_step"], update_owners(signature),
+                                           signature["data"])
         return out
