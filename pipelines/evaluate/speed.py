@@ -93,7 +93,7 @@ def serve_case(case: str, spec: Spec, conn) -> None:
     from contextlib import nullcontext
 
     from pipelines.runtime.peak_memory import (HeldOnGPU, PeakRSS, peak_resident_bytes,
-                                                 resident_bytes)
+                                                 release_freed, resident_bytes)
 
     for library in getattr(PEERS.get(case), "IMPORTS", ()):
         importlib.import_module(library)  # its import is not the case's footprint
@@ -103,12 +103,14 @@ def serve_case(case: str, spec: Spec, conn) -> None:
         # optimizer state, which PyTorch makes in its first step) and what its steps add.
         before = resident_bytes()
         step, setup_s = make_step(case, spec)
+        release_freed()  # the setup's temporaries: what the case holds is what counts
         # The initial values are in the case's own state or model now: this process's copy
         # goes (a real-size model's is gigabytes), and the baseline with it, so that what the
         # case holds still counts.
         set_up = resident_bytes() - before
         spec.initial = None
         gc.collect()
+        release_freed()
         before = resident_bytes() - set_up
         with PeakRSS(since=before) as peak:
             # The time to a first step: the setup, then the first step, where torch.compile

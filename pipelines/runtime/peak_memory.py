@@ -20,6 +20,20 @@ def resident_bytes() -> int:
     return _status_kib("VmRSS") * 1024
 
 
+def release_freed() -> None:
+    """Give the pages of freed heap memory back to the system (glibc's malloc_trim). glibc
+    keeps them resident, so a setup's freed temporaries (the numpy copies a state is made from)
+    would count in the process's footprint, or be reused by what the measured work allocates
+    and hide it. Elsewhere than glibc, nothing."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
 def peak_resident_bytes() -> int:
     """The process's peak resident memory so far (VmHWM: unlike getrusage's ru_maxrss, not
     the peak of the process it was forked from)."""

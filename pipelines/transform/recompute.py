@@ -44,13 +44,13 @@ from pipelines.analysis.liveness import classify, update_owners
 from pipelines.ir import nbytes, op_name, signature_of
 
 # Operators worth recomputing: elementwise, injective and normalizations (a pass or two over
-# their input). Convolutions and matmuls are the anchors: their outputs are kept.
+# their input). Convolutions and products by weights are the anchors: their outputs are kept.
 CHEAP = {
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
     "relax.sqrt", "relax.rsqrt", "relax.exp", "relax.negative", "relax.astype", "relax.clip",
     "relax.nn.relu", "relax.nn.silu", "relax.nn.gelu", "relax.sigmoid", "relax.tanh",
     "relax.where", "relax.less", "relax.greater", "relax.logical_and",
-    "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
+    "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
     "relax.strided_slice", "relax.concat", "relax.broadcast_to",
     "relax.nn.batch_norm", "relax.nn.layer_norm", "relax.nn.rms_norm", "relax.mean",
     "relax.variance", "relax.nn.softmax",
