@@ -21,9 +21,8 @@ from pipelines.io import ROOT
 SMALL = ["experiment=model", "model@models.model=mbv2", "models.model.pretrain.epochs=1",
          "models.model.finetune.epochs=1", "models.model.finetune.runs=1",
          "models.model.data.shift=0",
-         "cases.model.scheme=mbv2_paper",
-         # batch norms in training mode: what recomputation lowers the plan with below
-         "+schemes.mbv2_paper.statistics=every_layer",
+         # full BP: its kept activations are what recomputation lowers the plan with below
+         "cases.model.scheme=full",
          "++cases.model.evaluate=[speed,finetune]", "deploy=[model]", "devices=[android_sd8g2]",
          "package.devices=[]", "benchmark.peers=[torch_eager_full]", "benchmark.warmup=1",
          "benchmark.steps=3", "benchmark.min_seconds=0.2"]
