@@ -29,20 +29,11 @@ import tvm
 from tvm import relax
 from tvm.ir.prim.expr import IntImm
 
+from pipelines.analysis.liveness import uses
+from pipelines.ir import op_name
+
 FUNCTION = "train_step"
 ALIGNMENT = 64  # bytes: TVM's kAllocAlignment, which its kernels assume of every tensor
-
-
-def _is_op(value, name: str) -> bool:
-    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and \
-        value.op.name == name
-
-
-def _vars_in(expr) -> list[relax.Var]:
-    found = []
-    relax.analysis.post_order_visit(expr, lambda e: found.append(e)
-                                    if isinstance(e, relax.Var) else None)
-    return found
 
 
 def _nbytes(call: relax.Call) -> int:
@@ -59,15 +50,15 @@ def lifetimes(bindings: list[relax.Binding], results: list[relax.Var]
     it or anything that may share its storage is used; ``results`` (what the function returns)
     keep theirs to the end. A value made from a planned tensor may alias it unless it is a fresh
     allocation, so aliasing is over-approximated: a lifetime is never too short."""
-    storages = {b.var for b in bindings if _is_op(b.value, "relax.memory.alloc_storage")}
-    planned = {b.var for b in bindings if _is_op(b.value, "relax.memory.alloc_tensor")
+    storages = {b.var for b in bindings if op_name(b.value) == "relax.memory.alloc_storage"}
+    planned = {b.var for b in bindings if op_name(b.value) == "relax.memory.alloc_tensor"
                and b.value.args[0] in storages}
     roots: dict[relax.Var, set] = {}
     fields: dict[relax.Var, list[set]] = {}  # a tuple's roots, field by field
     span: dict[relax.Var, list[int]] = {}
     for i, b in enumerate(bindings):
         value = b.value
-        used = [v for v in _vars_in(value) if v in roots]
+        used = [v for v in uses(value) if v in roots]
         for v in used:
             for root in roots[v]:
                 span[root][1] = i
@@ -75,11 +66,11 @@ def lifetimes(bindings: list[relax.Binding], results: list[relax.Var]
             roots[b.var], span[b.var] = {b.var}, [i, i]
         elif isinstance(value, relax.TupleGetItem) and value.tuple_value in fields:
             roots[b.var] = fields[value.tuple_value][value.index]
-        elif used and not _is_op(value, "relax.memory.alloc_tensor"):
+        elif used and op_name(value) != "relax.memory.alloc_tensor":
             roots[b.var] = set().union(*(roots[v] for v in used))
         if isinstance(value, relax.Tuple):
             fields[b.var] = [roots.get(f, set()) if isinstance(f, relax.Var)
-                             else set().union(*(roots.get(v, set()) for v in _vars_in(f)))
+                             else set().union(*(roots.get(v, set()) for v in uses(f)))
                              for f in value.fields]
     for v in results:
         for root in roots.get(v, ()):
@@ -114,7 +105,7 @@ def arena_plan(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     gvar = mod.get_global_var(FUNCTION)
     func = mod[gvar]
     bindings = [b for block in func.body.blocks for b in block.bindings]
-    results = _vars_in(func.body.body)
+    results = uses(func.body.body)
     spans = lifetimes(bindings, results)
     allocs = {b.var: b.value for b in bindings if b.var in spans}
     if not spans or any(not isinstance(d, IntImm)
