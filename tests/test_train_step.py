@@ -123,9 +123,10 @@ def test_one_arena_holds_less_than_storage_tokens_with_the_same_step(params, bui
                                                                      monkeypatch):
     """The planned tensors placed in one arena by their lifetimes (backend/arena_plan.py) hold
     less than StaticPlanBlockMemory's tokens, and the step computes the same values: the same
-    kernels in the same order, only where their tensors live differs (a tensor placed over
-    another still alive would be off by whole values; 1e-6 leaves room for a BLAS whose
-    summation follows its operands' addresses)."""
+    kernels in the same order, only where their tensors live differs. Each build chooses its
+    products' backend by timing them (backend/blas.py), so a product may sum in another order:
+    the tolerance of the reordering test above; a tensor placed over another still alive would
+    be off by whole values."""
     import tvm
 
     from pipelines import compile as chain
@@ -147,5 +148,5 @@ def test_one_arena_holds_less_than_storage_tokens_with_the_same_step(params, bui
     losses = [step.step(*batch) for step in steps]
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
     for name, value in steps[0].state.items():
-        np.testing.assert_allclose(value.numpy(), steps[1].state[name].numpy(), rtol=1e-6,
-                                   atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(value.numpy(), steps[1].state[name].numpy(), rtol=1e-5,
+                                   atol=2e-6, err_msg=name)
