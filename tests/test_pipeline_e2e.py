@@ -120,7 +120,8 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     # One parameter: the benchmark's step count is read by evaluate, profile and benchmark.
     # DVC sees params.yaml change for resolve only; once it has run (pock status runs it), the
     # stages whose resolved inputs changed.
-    run(compose + SMALL[:-1] + ["benchmark.steps=4"], repo)
+    four_steps = [o if o != "benchmark.steps=3" else "benchmark.steps=4" for o in SMALL]
+    run(compose + four_steps, repo)
     assert stale(run(["dvc", "status", "dvc.yaml"], repo)) == {"resolve"}
     run(["dvc", "repro", "resolve"], repo)
     assert stale(run(["dvc", "status", "dvc.yaml"], repo)) == {
@@ -133,7 +134,7 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     plain = json.loads((art / "cases/model/optimize/plan.json").read_text())
     assert plain["recompute"] is None  # no device needed it
     budget = f"+profiles.android_sd8g2.memory_budget_mb={plain['planned_peak_bytes'] / 2**20 - 1e-4}"
-    run(compose + SMALL[:-1] + ["benchmark.steps=4", budget], repo)
+    run(compose + four_steps + [budget], repo)
     built = art / "cases/model/android_sd8g2/build"
     assert "recomputing cheap activations" in run(
         ["dvc", "repro", "device_build@model-android_sd8g2"], repo)
@@ -145,8 +146,7 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     # A budget nothing fits: refused, naming the overshoot and what recomputation reached;
     # the earlier build stays.
     before = {p.name: p.read_bytes() for p in built.iterdir()}
-    run(compose + SMALL[:-1] + ["benchmark.steps=4",
-                                "+profiles.android_sd8g2.memory_budget_mb=0.01"], repo)
+    run(compose + four_steps + ["+profiles.android_sd8g2.memory_budget_mb=0.01"], repo)
     refused = subprocess.run(["dvc", "repro", "device_build@model-android_sd8g2"], cwd=repo,
                              capture_output=True, text=True)
     assert refused.returncode != 0
