@@ -93,13 +93,15 @@ def test_step_with_the_committed_tuned_schedules_matches_pytorch(params, build_c
 def assert_same_state(steps: list, name: str):
     """Two builds of one step hold the same state, to float32 summation order: each build
     times its products' backends (backend/blas.py) and reordering changes what fuses with what,
-    so a reduction may sum in another order. Within 1e-5 relative plus 4e-6 of the tensor's
-    largest value (seen: 2.3e-5 on a momentum whose largest value is 18, 1.2e-6 of it); a
-    misplaced, dropped or overwritten value is off by whole values."""
+    so a reduction may sum in another order. Within 1e-5 relative plus 2e-6 and 4e-6 of the
+    tensor's largest value (seen: 2.3e-5 on a momentum whose largest value is 18; a conv bias
+    before batch norm has a zero gradient, so float noise of 5e-8); a misplaced, dropped or
+    overwritten value is off by whole values."""
     for key, value in steps[0].state.items():
         want = steps[1].state[key].numpy()
         np.testing.assert_allclose(value.numpy(), want, rtol=1e-5,
-                                   atol=4e-6 * float(np.abs(want).max()), err_msg=f"{name}: {key}")
+                                   atol=2e-6 + 4e-6 * float(np.abs(want).max()),
+                                   err_msg=f"{name}: {key}")
 
 
 @pytest.mark.slow
