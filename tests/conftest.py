@@ -168,6 +168,16 @@ def task_labels(task: str, shape: list, rng, high: int) -> np.ndarray:
     return labels
 
 
+def assert_change_close(name: str, before, after, want, rtol: float, atol: float):
+    """``after - before`` within ``rtol`` of ``want - before`` (L2 norms), plus ``atol`` per
+    element: a step's change where ReLU6 may pass or block an element's gradient on either side
+    of a float32 ulp (assert_steps_match)."""
+    want_change = want - before
+    error = np.linalg.norm(after - before - want_change)
+    assert error <= atol * np.sqrt(want_change.size) + rtol * np.linalg.norm(want_change), (
+        f"{name}: change off by {error:.3g}")
+
+
 def assert_steps_match(compiled, model, optimizer, batches, rtol: float = 1e-4,
                        atol: float = 1e-6, change_rtol: float | None = None,
                        loss_rtol: float | None = None, twin=None) -> tuple[dict, dict]:
@@ -205,10 +215,8 @@ def assert_steps_match(compiled, model, optimizer, batches, rtol: float = 1e-4,
             np.testing.assert_allclose(after[name].numpy(), value.numpy(), rtol=rtol, atol=atol,
                                        err_msg=name)
         else:
-            want_change = value.numpy() - before[name].numpy()
-            error = np.linalg.norm(after[name].numpy() - before[name].numpy() - want_change)
-            assert error <= atol * np.sqrt(want_change.size) + change_rtol * np.linalg.norm(
-                want_change), f"{name}: change off by {error:.3g}"
+            assert_change_close(name, before[name].numpy(), after[name].numpy(), value.numpy(),
+                                change_rtol, atol)
         if name not in selection and not name.endswith(("running_mean", "running_var")):
             np.testing.assert_array_equal(after[name].numpy(), before[name].numpy(),
                                           err_msg=f"{name} is frozen")
