@@ -34,7 +34,7 @@ from pipelines.analysis.memory_plan import memory_plan
 from pipelines.backend.build import PLANNED, build_step
 from pipelines.frontends import import_model, lower_model
 from pipelines.frontends.weights import FILE as WEIGHTS, save_weights
-from pipelines.ir import signature_of, with_signature, without_signature
+from pipelines.ir import FIXED_PARAMETERS, signature_of, with_signature, without_signature
 from pipelines.phases import Build, Lowered, OptimizedStep, PrunedStep, TrainingStep
 from pipelines.profiles import variant_for
 from pipelines.training.graph import build_train_step, unreached_parameters
@@ -44,7 +44,8 @@ from pipelines.training.scheme import lr_scales, select
 from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FreezeStatistics,
                                  FrozenNormsElementwise, FuseSoftmaxCrossEntropy, IsolateGemms,
                                  PlainPowers, PruneFrozenUpdates, RecomputeActivations,
-                                 ReorderUpdates, SliceChannelUpdates, UpdateInPlace)
+                                 ReorderUpdates, SliceChannelUpdates, SplitAsSlices,
+                                 UpdateInPlace)
 from pipelines.transform.freeze_statistics import norm_scales
 
 NOTHING = tvm.transform.Sequential([])  # an optional pass that is off keeps its place
@@ -68,7 +69,7 @@ def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
     ``lr_scale`` selects is updated at the learning rate times it, and with ``statistics``
     ``trained_layers`` a batch norm whose scale they leave frozen keeps its running statistics
     and normalises with them (transform/freeze_statistics.py)."""
-    main = tvm.transform.Sequential([FlattenTakeIndices(), BoolOpsAsInts()])(
+    main = tvm.transform.Sequential([FlattenTakeIndices(), BoolOpsAsInts(), SplitAsSlices()])(
         tvm.IRModule({"main": lowered.main}))["main"]
     count, names = int(main.attrs["num_input"]), lowered.names
     num_params = sum(1 for v in main.params[count:] if names[v.name][0] == "parameter")
@@ -92,6 +93,8 @@ def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
     # no scheme trains these: as in PyTorch, where they get no gradient (an unused pooler)
     signature["unreached"] = [names[v.name][1] for v in
                               unreached_parameters(main, main.params[count:count + num_params])]
+    # nor these, which the source framework holds fixed (requires_grad=False)
+    signature["fixed"] = [names[str(v)][1] for v in (main.attrs or {}).get(FIXED_PARAMETERS, [])]
     # the layers whose statistics stay frozen, for the PyTorch twin to hold in eval mode
     signature["frozen_statistics"] = [names[scale][1].rsplit(".", 1)[0] for scale in frozen]
     if scales:  # for the PyTorch twin's param groups (models/pytorch.py: make_optimizer)
@@ -125,8 +128,9 @@ def sparse_update(full: TrainingStep, rules: list, scheme_name: str) -> PrunedSt
     """Phase 3: the full step with only what the scheme's ``rules`` select updated, and what
     that removes from full backpropagation (analysis/cost.py)."""
     rules = [r if isinstance(r, dict) else r.model_dump(exclude_none=True) for r in rules]
-    unreached = set(signature_of(full.module).get("unreached", []))
-    selection = {k: v for k, v in select(rules, full.layers).items() if k not in unreached}
+    signature = signature_of(full.module)
+    untrainable = {*signature.get("unreached", []), *signature.get("fixed", [])}
+    selection = {k: v for k, v in select(rules, full.layers).items() if k not in untrainable}
     pruned = prune(full.module, selection, scheme_name)
     return PrunedStep(pruned, rules, scheme_report(full.module, pruned))
 

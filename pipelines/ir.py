@@ -93,6 +93,9 @@ SIGNATURE = "pock_signature"
 # A lowered main's attribute, {embedding weight: row}: the row its frontend's framework never
 # updates (PyTorch's padding_idx); the training step leaves it out of the gradient.
 PADDING_ROWS = "pock_padding_rows"
+# A lowered main's attribute, [parameter]: those its framework holds fixed (PyTorch's
+# requires_grad=False: a sinusoidal position table); no scheme trains them.
+FIXED_PARAMETERS = "pock_fixed_parameters"
 
 
 def signature_of(mod: tvm.IRModule) -> dict:

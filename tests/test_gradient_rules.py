@@ -343,13 +343,19 @@ def test_max_pool3d_sends_a_windows_gradient_to_its_first_maximum():
     np.testing.assert_allclose(got[0], want[0], **TOL)
 
 
-def test_group_norm_matches_autograd():
+@pytest.mark.parametrize("norm", ["group", "instance"])
+def test_group_and_instance_norm_match_autograd(norm):
     rng = np.random.default_rng(15)
     x, g, b = (rng.standard_normal(s).astype("float32") for s in [(2, 6, 5, 3), (6,), (6,)])
     w = rng.standard_normal(x.shape).astype("float32")
-    got = relax_grads(lambda a, c, d: relax.op.nn.group_norm(a, c, d, 3, 1, [2, 3]),
-                      [x.shape, g.shape, b.shape], [x, g, b], w)
-    want = torch_grads(lambda a, c, d: torch.nn.functional.group_norm(a, 3, c, d), [x, g, b], w)
+    make, reference = {
+        "group": (lambda a, c, d: relax.op.nn.group_norm(a, c, d, 3, 1, [2, 3]),
+                  lambda a, c, d: torch.nn.functional.group_norm(a, 3, c, d)),
+        "instance": (lambda a, c, d: relax.op.nn.instance_norm(a, c, d, 1, [2, 3]),
+                     lambda a, c, d: torch.nn.functional.instance_norm(a, weight=c, bias=d)),
+    }[norm]
+    got = relax_grads(make, [x.shape, g.shape, b.shape], [x, g, b], w)
+    want = torch_grads(reference, [x, g, b], w)
     for got_one, want_one in zip(got, want):
         np.testing.assert_allclose(got_one, want_one, rtol=1e-3, atol=1e-4)
 
@@ -403,3 +409,22 @@ def test_squeeze_topk_and_element_gather_scatter_match_autograd():
                            [x, updates], w)
         for g, t in zip(got, want):
             np.testing.assert_allclose(g, t, **TOL)
+
+
+def test_slice_scatter_and_tile_match_autograd():
+    """A slice written over a tensor (linear attention's state) and a tensor repeated (heads)."""
+    rng = np.random.default_rng(18)
+    x = rng.standard_normal((3, 8, 2)).astype("float32")
+    src = rng.standard_normal((3, 3, 2)).astype("float32")
+    w = rng.standard_normal(x.shape).astype("float32")
+    got = relax_grads(lambda a, s: relax.op.slice_scatter(a, s, 1, 7, 2, axis=1),
+                      [x.shape, src.shape], [x, src], w)
+    want = torch_grads(lambda a, s: torch.slice_scatter(a, s, 1, 1, 7, 2), [x, src], w)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, **TOL)
+
+    for repeats in [(2, 1, 3), (2, 2, 1, 2)]:  # the second prepends an axis
+        w = rng.standard_normal(np.tile(x, repeats).shape).astype("float32")
+        got = relax_grads(lambda a: relax.op.tile(a, repeats), [x.shape], [x], w)
+        want = torch_grads(lambda a: a.tile(repeats), [x], w)
+        np.testing.assert_allclose(got[0], want[0], **TOL)

@@ -1,20 +1,23 @@
 """A user's own modules built around the layers and tensor operations common models use
 (tests/frontends/operator_corpus.py: 1-D and 3-D convs, transposed convs, group norm, pooling
 variants, interpolation, embedding bags, gather/scatter, cumsum, einsum, masked fills,
-strided slices, top-k routing) compile through the one chain and take three full-BP
-SGD-momentum steps as PyTorch does: the loss and every tensor within rtol 1e-4
-(conftest.assert_steps_match)."""
+strided slices, top-k routing, an indexer no gradient reaches, a fixed parameter, an empty
+split section) compile through the one chain, train the parameters PyTorch's loss gives a
+gradient, and take three full-BP SGD-momentum steps as PyTorch does: the loss and every tensor
+within rtol 1e-4 (conftest.assert_steps_match)."""
 import numpy as np
 import pytest
 import torch
-from conftest import assert_steps_match, model_section, random_batch
+from conftest import assert_steps_match, model_section, random_batch, twin_of
 
 from pipelines.compile import compile
 from pipelines.config import SGD
+from pipelines.models.pytorch import task_loss
+from pipelines.runtime.step import selection_of
 
 OPT = SGD(kind="sgd", lr=0.05, momentum=0.9)
 ENTRIES = ["conv1d_mixer", "conv3d_net", "transposed_convs", "pools", "gather_scatter",
-           "strided_rotary", "top_k_router"]
+           "strided_rotary", "top_k_router", "indexed_router"]
 
 
 @pytest.mark.slow
@@ -25,5 +28,10 @@ def test_a_module_of_common_operators_steps_like_pytorch(tmp_path, host_profile,
     torch.manual_seed(0)
     compiled = compile(model, [{"modules": ["*"]}], OPT, host_profile, tmp_path)
     batches = [random_batch(compiled, seed, classes=4) for seed in range(3)]
+    twin = twin_of(compiled, model)
+    *inputs, labels = (torch.from_numpy(a) for a in batches[0])
+    task_loss("classification", twin(*inputs), labels).backward()
+    assert set(selection_of(compiled.signature)) == {
+        n for n, p in twin.named_parameters() if p.grad is not None}
     before, after = assert_steps_match(compiled, model, OPT, batches)
     assert any(not np.array_equal(before[k].numpy(), after[k].numpy()) for k in after)

@@ -69,6 +69,16 @@ def test_only_loop_nests_worth_waking_the_thread_pool_run_in_parallel():
     assert "T.parallel" in scheduled(large)
 
 
+def test_an_empty_tensors_kernel_is_left_unscheduled():
+    """A zero-width slice (a shrunk config's empty rotary part): nothing to run, and fusing
+    its loops would divide by the zero extent."""
+    from tvm import te, topi
+
+    x = te.placeholder((4, 0, 8), "float32", name="x")
+    mod = tvm.IRModule({"main": te.create_prim_func([x, topi.exp(x)])})
+    assert schedule_cpu_kernels(mod) == {"skipped": 1}
+
+
 def _kernels(dtype: str, scheduled: bool = False):
     """exp, sigmoid (which TVM lowers through exp) and erf of one tensor, built for the CPU:
     one value at a time, or ``scheduled`` (vectors of VECTOR values)."""

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+import tvm_ffi
 from pydantic import TypeAdapter
 from tvm import relax
 from tvm.script import tirx as T
@@ -22,9 +23,10 @@ from pipelines.config import Optimizer
 from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of, without_signature
 from pipelines.phases import Lowered
-from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FreezeStatistics,
-                                 FrozenNormsElementwise, PlainPowers, PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
-                                 SliceChannelUpdates)
+from pipelines.transform import (BoolOpsAsInts, EmptyConstantsAsZeros, FlattenTakeIndices,
+                                 FreezeStatistics, FrozenNormsElementwise, PlainPowers,
+                                 PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
+                                 SliceChannelUpdates, SplitAsSlices)
 from pipelines.transform.freeze_statistics import norm_scales
 from pipelines.transform.update_in_place import writes_safely_over
 
@@ -226,6 +228,43 @@ def test_bool_ops_as_ints_compares_and_sums_masks_on_int_casts():
     # TVM's code generator on the bool ops as they are (why the pass exists)
     with pytest.raises(tvm.error.InternalError, match="kDLFloat|fcmp"):
         run(before, "main", [mask])
+
+
+def _one_op(make, shape=(2, 8)):
+    """A module whose ``main(x)`` returns ``make(x)``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(make(x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_split_as_slices_gives_empty_sections_that_build():
+    before = _one_op(lambda x: relax.op.split(x, [0, 3, 3], axis=1))
+    after = SplitAsSlices()(before)
+    (x,), got = run(after, "main")
+    want = np.split(x, [0, 3, 3], axis=1)
+    assert [g.shape for g in got] == [(2, 0), (2, 3), (2, 0), (2, 5)]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    with pytest.raises(tvm.error.InternalError, match="split_indices must be sorted"):
+        run(before, "main")  # why the pass exists
+    untouched = _one_op(lambda x: relax.op.split(x, [2, 5], axis=1))
+    assert tvm_ffi.structural_equal(SplitAsSlices()(untouched), untouched)
+
+
+def test_empty_constants_become_zeros_that_a_built_step_loads(tmp_path):
+    empty = relax.const(np.zeros((2, 0), "float32"))
+    before = _one_op(lambda x: relax.op.concat([x, empty], axis=1), shape=(2, 3))
+    x = np.arange(6, dtype="float32").reshape(2, 3)
+    for name, mod in [("after", EmptyConstantsAsZeros()(before)), ("before", before)]:
+        relax.build(mod, target="llvm").export_library(str(tmp_path / f"{name}.so"))
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "after.so")), tvm.cpu())
+    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), x)
+    with pytest.raises(tvm.error.InternalError, match="Invalid DLTensor file format"):
+        tvm.runtime.load_module(str(tmp_path / "before.so"))  # why the pass exists
 
 
 def test_freeze_statistics_normalises_frozen_layers_with_their_running_statistics():

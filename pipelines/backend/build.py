@@ -28,6 +28,7 @@ from pipelines.backend.gpu import GPU_KINDS, gpu_pipeline
 from pipelines.backend.cpu_schedules import schedule_cpu
 from pipelines.profiles import tvm_target
 from pipelines.schema import ConfigError
+from pipelines.transform import EmptyConstantsAsZeros
 
 LIBRARY = {"shared": "step.so", "archive": "step.tar"}
 
@@ -81,6 +82,7 @@ def build_step(mod: tvm.IRModule, profile, directory: Path, database=None,
     which is what a profile's ``cuda_graph`` needs to know."""
     check_toolchain(profile)
     target = tvm_target(profile)
+    mod = EmptyConstantsAsZeros()(mod)  # TVM's executable cannot load them back
     toolchain, kernels, launches, cuda = profile.toolchain, Counter(), Counter(), {}
     config = {}
     if target.kind.name in GPU_KINDS:

@@ -184,6 +184,8 @@ def _schedule_block(sch: s_tir.Schedule, block) -> str:
     # spatial axes then the reduction axes.
     if len(loops) != len(kinds) or kinds != sorted(kinds) or set(kinds) - {SPATIAL, REDUCTION}:
         return "skipped"
+    if any(int(sch.get(loop).extent) == 0 for loop in loops):  # an empty tensor: nothing
+        return "skipped"  # to run, and fusing its loops divides by their extent
     spatial = [loop for loop, kind in zip(loops, kinds) if kind == SPATIAL]
     reduction = [loop for loop, kind in zip(loops, kinds) if kind == REDUCTION]
     extents = [int(sch.get(loop).extent) for loop in spatial]

@@ -1,6 +1,7 @@
 """Converters for core ATen operators that TVM 0.27's exported-program importer does not
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
-``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``; and for 2-D
+``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``; ``topk`` with
+``sorted=False`` (mixture-of-experts routing), which TVM refuses; and for 2-D
 interpolation, which TVM converts to ``image.resize2d``, an op with no gradient. Each emits
 Relax operators that have gradient rules, so the layer trains.
 
@@ -105,6 +106,16 @@ def adaptive_max_pool2d(node, importer):
     return bb.emit(relax.Tuple([bb.emit(max_pool2d(x, window, window))]))
 
 
+def topk(node, importer):
+    """aten.topk(x, k, dim, largest, sorted): the k largest (or smallest) along ``dim``, values
+    and indices. ``sorted=False`` leaves the order to the implementation, so the sorted order
+    (all TVM's topk gives) is one PyTorch allows."""
+    x = importer.env[node.args[0]]
+    k, dim, largest = int(_arg(node, 1, 1)), int(_arg(node, 2, -1)), bool(_arg(node, 3, True))
+    return importer.block_builder.emit(
+        relax.op.topk(x, k=k, axis=dim, largest=largest, ret_type="both", dtype="int64"))
+
+
 def interpolate(node, importer):
     """aten.upsample_{nearest,bilinear,bicubic}2d: each mode is separable and linear in its
     input, y = A_h @ x @ A_w^T. The two matrices are PyTorch's own weights, read by running the
@@ -132,4 +143,5 @@ CONVERTERS = {
     "scatter_add.default": scatter_add,
     "_embedding_bag.default": embedding_bag,
     "adaptive_max_pool2d.default": adaptive_max_pool2d,
+    "topk.default": topk,
 }

@@ -21,7 +21,7 @@ from tvm.relax.frontend.torch.exported_program_translator import ExportedProgram
 from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
 from pipelines.frontends.layers import tied_parameters
 from pipelines.frontends.torch_converters import CONVERTERS
-from pipelines.ir import PADDING_ROWS, dtype_of, shape_of, tensor_type
+from pipelines.ir import FIXED_PARAMETERS, PADDING_ROWS, dtype_of, shape_of, tensor_type
 
 
 @dataclass
@@ -139,6 +139,10 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
     padding = _padding_rows(program, parameters - set(tied) - set(tied.values()))
     if padding:
         func = func.with_attr(PADDING_ROWS, padding)
+    fixed = [name for name in sorted(parameters - set(tied))
+             if not program.state_dict[names[name][1]].requires_grad]
+    if fixed:
+        func = func.with_attr(FIXED_PARAMETERS, fixed)
     if tied:  # each tied name reads the first one's input, which it no longer has
         inputs = {p.name: p for p in func.params}
         func = func.bind_params({inputs[name]: inputs[first] for name, first in tied.items()})

@@ -1,6 +1,7 @@
 """Gradient rules for layers TVM 0.27 gives no rule: 1-D convolutions (plain and transposed;
 the conv stems of audio and sequence models), 2-D transposed convolutions (decoders,
-upsampling), 3-D convolutions and max pooling (video), group norm. A 1-D layer is the 2-D one over a height of 1, so its rule is the 2-D
+upsampling), 3-D convolutions and max pooling (video), group and instance norm. A 1-D layer is
+the 2-D one over a height of 1, so its rule is the 2-D
 rule on views with that axis added (TVM's own conv2d rule; the transposed one below).
 
 Each is checked numerically against PyTorch autograd in tests/test_gradient_rules.py and in
@@ -167,13 +168,22 @@ def group_norm_grad(orig_var, orig_call, output_grad, ctx):
     """y = xhat * gamma + beta, xhat normalised over each group of channels (and the other
     axes): layer norm's fused form per group, on x viewed as [batch, groups, rest];
     dgamma = sum(dy * xhat), dbeta = sum(dy) over all but the channel axis."""
+    return _grouped_norm_grad(orig_call, output_grad, int(orig_call.attrs.num_groups))
+
+
+def instance_norm_grad(orig_var, orig_call, output_grad, ctx):
+    """Instance norm is group norm with one channel per group."""
+    return _grouped_norm_grad(orig_call, output_grad, shape_of(orig_call.args[0])[1])
+
+
+def _grouped_norm_grad(orig_call, output_grad, groups: int):
     x, gamma, beta = orig_call.args
     a = orig_call.attrs
     dims = shape_of(x)
     if int(a.channel_axis) != 1 or sorted(int(i) for i in a.axes) != list(range(2, len(dims))):
-        raise NotImplementedError("gradient of group_norm over channels-first data only (got "
-                                  f"channel_axis {a.channel_axis}, axes {list(a.axes)})")
-    dtype, groups = dtype_of(x), int(a.num_groups)
+        raise NotImplementedError(f"gradient of {orig_call.op.name} over channels-first data "
+                                  f"only (got channel_axis {a.channel_axis}, axes {list(a.axes)})")
+    dtype = dtype_of(x)
     size = 1
     for d in dims[1:]:
         size *= d
@@ -205,4 +215,5 @@ LAYER_RULES = {
     "relax.nn.conv3d": conv3d_grad,
     "relax.nn.max_pool3d": max_pool3d_grad,
     "relax.nn.group_norm": group_norm_grad,
+    "relax.nn.instance_norm": instance_norm_grad,
 }

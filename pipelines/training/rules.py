@@ -4,7 +4,9 @@ embeddings, with strides where they interleave; MiniLM: layer_norm and exact GEL
 tanh-approximated GELU; Hugging Face transformers: index_tensor (a classifier reading each
 sequence's last token; gather_nd, the same in an ONNX export), max/min and tril (attention
 masks); Keras: pad (ZeroPadding2D); a user's own modules: squeeze, topk, gather_elements and
-scatter_elements (routing, torch.gather/scatter)), the layers in layer_rules.py, and
+scatter_elements (routing, torch.gather/scatter); slice_scatter (a slice written in place:
+linear attention's state, chunked caches) and tile (DiffLlama's heads)), the layers in
+layer_rules.py, and
 the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated kernels: REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
@@ -161,6 +163,32 @@ def scatter_elements_grad(orig_var, orig_call, output_grad, ctx):
     return [data_grad, no_grad(indices), gather_elements(output_grad, indices, axis)]
 
 
+def slice_scatter_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x with src written over x[start:end:step] along ``axis``: dx is dy with that slice
+    zeroed, dsrc is dy's slice."""
+    x, src, start, end, step = orig_call.args
+    axis = int(orig_call.attrs.axis) % len(shape_of(x))
+    begin, stop, stride = (int(v) for v in (start, end, step))
+    return [relax.op.slice_scatter(output_grad, zeros_like(src), begin, stop, stride, axis),
+            strided_slice(output_grad, [axis], [begin], [stop], [stride])] + [
+        no_grad(arg) for arg in orig_call.args[2:]]
+
+
+def tile_grad(orig_var, orig_call, output_grad, ctx):
+    """y = tile(x, repeats): each element of x appears in every repeat, so dx sums dy's repeats.
+    dy viewed as [r0, d0, r1, d1, ...] (x's shape with leading 1s to the repeats' length),
+    summed over the r axes."""
+    x = orig_call.args[0]
+    repeats = [int(r) for r in orig_call.attrs.repeats]
+    dims = shape_of(x)
+    rank = max(len(dims), len(repeats))
+    repeats = [1] * (rank - len(repeats)) + repeats
+    padded = [1] * (rank - len(dims)) + list(dims)
+    split = [v for r, d in zip(repeats, padded) for v in (r, d)]
+    summed = rsum(reshape(output_grad, split), list(range(0, 2 * rank, 2)))
+    return [reshape(summed, dims)]
+
+
 def pad_grad(orig_var, orig_call, output_grad, ctx):
     """y = x padded with a constant (low, high per axis, both >= 0): dx is dy without the
     padding, the slice where x sits."""
@@ -314,6 +342,8 @@ RULES = {
     "relax.topk": topk_grad,
     "relax.scatter_elements": scatter_elements_grad,
     "relax.gather_elements": gather_elements_grad,
+    "relax.slice_scatter": slice_scatter_grad,
+    "relax.tile": tile_grad,
     **LAYER_RULES,
 }
 
@@ -376,16 +406,16 @@ def _float_only(rule):
     into ops that have no rule or no code for them."""
 
     def wrapped(orig_var, orig_call, output_grad, ctx):
-        if not _carries_gradient(orig_var):
+        if not carries_gradient(orig_var):
             return [no_grad(arg) for arg in orig_call.args]
         partials = rule(orig_var, orig_call, output_grad, ctx)
-        return [partial if _carries_gradient(arg) else no_grad(arg)
+        return [partial if carries_gradient(arg) else no_grad(arg)
                 for arg, partial in zip(orig_call.args, partials)]
 
     return wrapped
 
 
-def _carries_gradient(expr: relax.Expr) -> bool:
+def carries_gradient(expr: relax.Expr) -> bool:
     """Whether a gradient can flow through ``expr``: a float tensor or a tuple holding one (a
     comparison's mask or an index does not, even when computed from the parameters)."""
     return _float_type(expr.ty)
@@ -411,7 +441,7 @@ def ops_without_gradient(func: relax.Function, wrt=None) -> list[tuple[str, str]
     for block in func.body.blocks:
         for binding in block.bindings:
             used = relax.analysis.free_vars(binding.value)
-            if not any(v in varying for v in used) or not _carries_gradient(binding.var):
+            if not any(v in varying for v in used) or not carries_gradient(binding.var):
                 continue
             varying.add(binding.var)
             value = binding.value

@@ -2,6 +2,7 @@
 them in order. Each docstring opens with the rewrite it does and shows the IR before and after.
 """
 from pipelines.transform.bool_ops_as_ints import BoolOpsAsInts
+from pipelines.transform.empty_constants import EmptyConstantsAsZeros
 from pipelines.transform.flatten_take_indices import FlattenTakeIndices
 from pipelines.transform.freeze_statistics import FreezeStatistics
 from pipelines.transform.frozen_norms_elementwise import FrozenNormsElementwise
@@ -12,8 +13,10 @@ from pipelines.transform.prune_frozen import PruneFrozenUpdates
 from pipelines.transform.recompute import RecomputeActivations
 from pipelines.transform.reorder_updates import ReorderUpdates
 from pipelines.transform.slice_channels import SliceChannelUpdates
+from pipelines.transform.split_as_slices import SplitAsSlices
 from pipelines.transform.update_in_place import UpdateInPlace
 
-__all__ = ["BoolOpsAsInts", "FlattenTakeIndices", "FreezeStatistics", "FrozenNormsElementwise",
+__all__ = ["BoolOpsAsInts", "EmptyConstantsAsZeros", "FlattenTakeIndices", "FreezeStatistics", "FrozenNormsElementwise",
            "FuseSoftmaxCrossEntropy", "IsolateGemms", "PlainPowers", "PruneFrozenUpdates",
-           "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates", "UpdateInPlace"]
+           "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates", "SplitAsSlices",
+           "UpdateInPlace"]

@@ -164,3 +164,31 @@ class TopKRouter(nn.Module):
 
 def top_k_router(batch_size: int):
     return TopKRouter(), {"x": torch.randn(batch_size, 5, 6)}
+
+
+class IndexedRouter(nn.Module):
+    """Experts picked by an indexer whose scores are read only through top-k's indices, so no
+    gradient reaches it (DeepSeek's lightning indexer; PyTorch trains it not), top-k unsorted,
+    a fixed position table (requires_grad=False, as a sinusoidal one), and a split with an
+    empty section (a shrunk config's zero-width rotary part)."""
+
+    def __init__(self):
+        super().__init__()
+        self.indexer = nn.Linear(6, 4)
+        self.gate = nn.Linear(6, 4)
+        self.experts = nn.ModuleList(nn.Linear(6, 6) for _ in range(4))
+        self.positions = nn.Parameter(torch.randn(5, 6), requires_grad=False)
+        self.head = nn.Linear(6, CLASSES)
+
+    def forward(self, x):
+        x = x + self.positions
+        chosen = self.indexer(x).topk(2, -1, sorted=False).indices
+        weights = self.gate(x).gather(-1, chosen).softmax(-1)
+        routing = torch.zeros(x.shape[:-1] + (4,)).scatter(-1, chosen, weights)
+        out = sum(routing[..., e, None] * expert(x) for e, expert in enumerate(self.experts))
+        empty, rest = out.split([0, 6], -1)
+        return self.head(torch.cat([rest, empty], -1).mean(1))
+
+
+def indexed_router(batch_size: int):
+    return IndexedRouter(), {"x": torch.randn(batch_size, 5, 6)}
