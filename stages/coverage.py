@@ -3,7 +3,9 @@ auto mappings, shrunk, through the chain and one full-BP step against PyTorch's
 (pipelines/coverage/). Outside the default pipeline: `dvc repro coverage/dvc.yaml`.
 
 Each architecture runs in a process of its own, at most ``--timeout`` seconds, ``--jobs`` at
-once (each compiles on a core); an interrupted run resumes where it stopped.
+once (each compiles on a core); an interrupted run resumes where it stopped, and one given
+``--minutes`` starts no check after them and writes what it has (a run cut short, which the
+next resumes).
 
 Output: artifacts/coverage/records.jsonl (one record per architecture), the metric
 coverage/metrics.json (per task: how many stop at each phase, the share that matches) and
@@ -20,10 +22,10 @@ from pipelines.stage import run_stage
 OUT = ARTIFACTS / "coverage"
 
 
-def main(timeout_s: float, jobs: int, only: str | None) -> None:
+def main(timeout_s: float, jobs: int, only: str | None, minutes: float | None) -> None:
     code = sha256_file(ARTIFACTS / "code" / "coverage.txt")[:16]
     OUT.mkdir(parents=True, exist_ok=True)
-    records = run_all(OUT / "records.jsonl", OUT / "work", code, timeout_s, jobs, only)
+    records = run_all(OUT / "records.jsonl", OUT / "work", code, timeout_s, jobs, only, minutes)
     write_json_atomic(ROOT / "coverage" / "metrics.json", summary(records))
     expected = len([a for a in architectures() if only is None or only in a[2]])
     write_text_atomic(ROOT / "docs" / "coverage.md", render(records, expected))
@@ -38,5 +40,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=1,
                         help="architectures checked at once (default 1)")
     parser.add_argument("--only", help="only the architectures whose class name has this")
+    parser.add_argument("--minutes", type=float,
+                        help="start no check after this many minutes (default: no limit)")
     args = parser.parse_args()
-    run_stage(main, args.timeout, args.jobs, args.only)
+    run_stage(main, args.timeout, args.jobs, args.only, args.minutes)

@@ -5,6 +5,7 @@ classifier) through the chain, each matching PyTorch's step with the class's own
 import pytest
 
 from pipelines.coverage.check import PHASES, TASKS, architectures, check, summary, tiny_config
+from pipelines.coverage.run import run_all
 from pipelines.coverage.table import cause, render
 
 
@@ -22,6 +23,21 @@ def test_a_shrunk_config_has_two_layers_and_small_widths():
     assert config.num_hidden_layers == 2 and config.hidden_size == 32
     assert config.num_experts == 4 and config.num_labels == 4
     assert len(config.layer_types) == 2  # per-layer lists follow the depth
+
+
+def test_shrinking_reaches_nested_configs_and_per_layer_settings():
+    text = tiny_config("qwen3_5").text_config  # a multimodal model's text config
+    assert text.num_hidden_layers == 2 and len(text.layer_types) == 2
+    tiny_config("gemma4_text")  # settings by layer index, of layers 5, 11, ... (refused)
+    mamba = tiny_config("mamba2")  # Mamba-2's heads x head size = expand x width
+    assert mamba.num_heads * mamba.head_dim == mamba.expand * mamba.hidden_size
+
+
+def test_a_run_out_of_time_starts_no_check_and_keeps_the_records(tmp_path):
+    records = tmp_path / "records.jsonl"
+    assert run_all(records, tmp_path / "work", "code", 60, 1, "LlamaForCausalLM",
+                   minutes=1e-9) == []
+    assert records.read_text() == ""
 
 
 def test_failures_group_by_cause_whatever_the_numbers_and_names():

@@ -343,16 +343,22 @@ def test_max_pool3d_sends_a_windows_gradient_to_its_first_maximum():
     np.testing.assert_allclose(got[0], want[0], **TOL)
 
 
-@pytest.mark.parametrize("norm", ["group", "instance"])
+@pytest.mark.parametrize("norm", ["group", "instance", "instance_over_the_batch"])
 def test_group_and_instance_norm_match_autograd(norm):
+    """Instance norm over axes [0, 2] of [1, C, K] is how TVM imports Bit's weight
+    standardisation; batch norm's training mode computes the same."""
     rng = np.random.default_rng(15)
-    x, g, b = (rng.standard_normal(s).astype("float32") for s in [(2, 6, 5, 3), (6,), (6,)])
+    shape = (1, 6, 15) if norm == "instance_over_the_batch" else (2, 6, 5, 3)
+    x, g, b = (rng.standard_normal(s).astype("float32") for s in [shape, (6,), (6,)])
     w = rng.standard_normal(x.shape).astype("float32")
     make, reference = {
         "group": (lambda a, c, d: relax.op.nn.group_norm(a, c, d, 3, 1, [2, 3]),
                   lambda a, c, d: torch.nn.functional.group_norm(a, 3, c, d)),
         "instance": (lambda a, c, d: relax.op.nn.instance_norm(a, c, d, 1, [2, 3]),
                      lambda a, c, d: torch.nn.functional.instance_norm(a, weight=c, bias=d)),
+        "instance_over_the_batch": (
+            lambda a, c, d: relax.op.nn.instance_norm(a, c, d, 1, [0, 2]),
+            lambda a, c, d: torch.nn.functional.batch_norm(a, None, None, c, d, training=True)),
     }[norm]
     got = relax_grads(make, [x.shape, g.shape, b.shape], [x, g, b], w)
     want = torch_grads(reference, [x, g, b], w)

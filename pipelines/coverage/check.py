@@ -30,14 +30,15 @@ RTOL, ATOL = 1e-4, 1e-6  # ATOL: float32 noise on a tensor near 0 (a zero-initia
 # whose gradient is 0 in exact arithmetic: attention keys' bias)
 BATCH, SEQUENCE, LABELS, IMAGE = 2, 8, 4, 32
 # widths and depths of a shrunk config, under the names configs give them
+DEPTHS = ["num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers",
+          "decoder_layers", "encoder_layers"]
 SMALL = {
-    **dict.fromkeys(["num_hidden_layers", "num_layers", "n_layer", "n_layers",
-                     "num_decoder_layers", "decoder_layers", "encoder_layers"], 2),
+    **dict.fromkeys(DEPTHS, 2),
     **dict.fromkeys(["hidden_size", "d_model", "n_embd", "dim", "embed_dim"], 32),
     **dict.fromkeys(["intermediate_size", "ffn_dim", "n_inner", "decoder_ffn_dim",
-                     "encoder_ffn_dim", "hidden_dim", "d_ff"], 64),
+                     "encoder_ffn_dim", "hidden_dim", "d_ff", "mamba_d_ssm"], 64),
     **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "decoder_attention_heads",
-                     "encoder_attention_heads"], 4),
+                     "encoder_attention_heads", "num_heads", "mamba_n_heads"], 4),
     **dict.fromkeys(["num_key_value_heads", "num_kv_heads"], 2),
     "head_dim": 8, "max_position_embeddings": 64, "n_positions": 64,
     "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4,
@@ -61,15 +62,31 @@ def architectures(tasks=TASKS) -> list[tuple[str, str, str]]:
 
 def _shrunk(values: dict) -> dict:
     """``values`` (a config's dict) with the keys of SMALL it has set to SMALL's, nested
-    configs too; vocabulary and special-token ids kept."""
+    configs too (a multimodal model's text config); what is per layer (a list as long as the
+    depth, a dict by layer index) cut to the new depth; ``head_dim`` the new width's share of
+    the heads; vocabulary and special-token ids kept."""
+    depth = next((values[k] for k in DEPTHS if isinstance(values.get(k), int)), None)
     out = {}
     for key, value in values.items():
-        if isinstance(value, dict) and key.endswith("config"):
+        if depth and isinstance(value, dict) and value and all(
+                str(k).isdigit() and int(k) < depth for k in value):
+            out[key] = {k: v for k, v in value.items() if int(k) < SMALL["num_hidden_layers"]}
+        elif isinstance(value, dict) and key.endswith("config"):
             out[key] = _shrunk(value)
         elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
             out[key] = SMALL[key]
+        elif depth and isinstance(value, list) and len(value) == depth:
+            out[key] = value[:SMALL["num_hidden_layers"]]
         else:
             out[key] = value
+    width = out.get("hidden_size")
+    if {"head_dim", "num_attention_heads"} <= set(out) and width:
+        out["head_dim"] = width // out["num_attention_heads"]
+    elif {"head_dim", "num_heads", "expand"} <= set(out) and width:  # Mamba-2's mixer:
+        out["head_dim"] = width * out["expand"] // out["num_heads"]  # heads x size = expand x width
+    if {"mamba_d_head", "mamba_n_heads", "mamba_expand"} <= set(out) and width:
+        inner = out.get("mamba_d_ssm") or width * out["mamba_expand"]
+        out["mamba_d_head"] = inner // out["mamba_n_heads"]
     return out
 
 
@@ -80,14 +97,7 @@ def tiny_config(model_type: str, num_labels: int = LABELS):
     import transformers
 
     config = transformers.AutoConfig.for_model(model_type)
-    original = config.to_dict()
-    values = _shrunk(original)
-    layers = original.get("num_hidden_layers")
-    for key, value in original.items():  # per-layer lists (layer_types) follow the depth
-        if isinstance(value, list) and layers and len(value) == layers and key in values:
-            values[key] = value[:SMALL["num_hidden_layers"]]
-    if "head_dim" in values and "hidden_size" in values and "num_attention_heads" in values:
-        values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+    values = _shrunk(config.to_dict())
     values["num_labels"] = num_labels
     values.pop("id2label", None), values.pop("label2id", None)
     return type(config).from_dict(values)

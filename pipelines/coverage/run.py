@@ -1,14 +1,17 @@
 """The coverage run: every architecture checked (check.py) in a process of its own, so that a
 segfault or a hang is that architecture's record and not the end of the run; ``jobs`` at once.
 Records are appended to a JSON-lines file as they come: an interrupted run resumes where it
-stopped, and records made by other code (another ``code`` key) are made again."""
+stopped, and records made by other code (another ``code`` key) are made again. The mappings
+take turns, so a run cut short (by its time budget, or stopped) has checked a share of each."""
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from itertools import chain, zip_longest
 from pathlib import Path
 
 from pipelines.coverage.check import TASKS, architectures, check
@@ -19,9 +22,9 @@ ONE = "pipelines.coverage.run"  # `python -m` this with a mapping, model type an
 
 
 def run_all(records_path: Path, work: Path, code: str, timeout_s: float, jobs: int,
-            only: str | None = None) -> list[dict]:
-    """Every architecture (whose class name contains ``only``) not yet recorded for ``code``;
-    all records for ``code``, sorted."""
+            only: str | None = None, minutes: float | None = None) -> list[dict]:
+    """Every architecture (whose class name contains ``only``) not yet recorded for ``code``,
+    none started after ``minutes``; all records for ``code``, sorted."""
     kept = {}
     if records_path.exists():
         for line in records_path.read_text().splitlines():
@@ -32,10 +35,16 @@ def run_all(records_path: Path, work: Path, code: str, timeout_s: float, jobs: i
                                             for r in kept.values()))
     todo = [a for a in architectures() if (only is None or only in a[2])
             and (TASKS[a[0]][0], a[1], a[2]) not in kept]
+    by_mapping = [[a for a in todo if a[0] == mapping] for mapping in TASKS]
+    todo = [a for a in chain(*zip_longest(*by_mapping)) if a is not None]
+    deadline = time.monotonic() + 60 * minutes if minutes else None
     with ThreadPoolExecutor(jobs) as pool:  # each job waits on a process of its own
-        running = [pool.submit(_in_a_process, *a, work / a[2], timeout_s) for a in todo]
+        running = [pool.submit(_in_a_process, *a, work / a[2], timeout_s, deadline)
+                   for a in todo]
         for future in progress(as_completed(running), desc="coverage", total=len(running),
                                unit="architecture"):
+            if future.result() is None:  # not started: the time budget was spent
+                continue
             record = {**future.result(), "code": code}
             kept[_key(record)] = record
             with open(records_path, "a") as handle:
@@ -50,7 +59,9 @@ def _key(record: dict) -> tuple[str, str, str]:
 
 
 def _in_a_process(mapping: str, model_type: str, name: str, directory: Path,
-                  timeout_s: float) -> dict:
+                  timeout_s: float, deadline: float | None) -> dict | None:
+    if deadline is not None and time.monotonic() > deadline:
+        return None
     base = {"architecture": name, "model_type": model_type, "task": TASKS[mapping][0]}
     try:
         done = subprocess.run([sys.executable, "-m", ONE, mapping, model_type, name,

@@ -168,41 +168,59 @@ def group_norm_grad(orig_var, orig_call, output_grad, ctx):
     """y = xhat * gamma + beta, xhat normalised over each group of channels (and the other
     axes): layer norm's fused form per group, on x viewed as [batch, groups, rest];
     dgamma = sum(dy * xhat), dbeta = sum(dy) over all but the channel axis."""
-    return _grouped_norm_grad(orig_call, output_grad, int(orig_call.attrs.num_groups))
-
-
-def instance_norm_grad(orig_var, orig_call, output_grad, ctx):
-    """Instance norm is group norm with one channel per group."""
-    return _grouped_norm_grad(orig_call, output_grad, shape_of(orig_call.args[0])[1])
-
-
-def _grouped_norm_grad(orig_call, output_grad, groups: int):
     x, gamma, beta = orig_call.args
     a = orig_call.attrs
     dims = shape_of(x)
     if int(a.channel_axis) != 1 or sorted(int(i) for i in a.axes) != list(range(2, len(dims))):
-        raise NotImplementedError(f"gradient of {orig_call.op.name} over channels-first data "
-                                  f"only (got channel_axis {a.channel_axis}, axes {list(a.axes)})")
-    dtype = dtype_of(x)
+        raise NotImplementedError("gradient of group_norm over channels-first data only (got "
+                                  f"channel_axis {a.channel_axis}, axes {list(a.axes)})")
+    groups = int(a.num_groups)
     size = 1
     for d in dims[1:]:
         size *= d
     grouped = [dims[0], groups, size // groups]
     per_channel = [1, dims[1]] + [1] * (len(dims) - 2)
-    others = [i for i in range(len(dims)) if i != 1]
-    xg = reshape(x, grouped)
-    rstd = divide(relax.const(1.0, dtype), sqrt(add(variance(xg, [2], keepdims=True),
-                                                    relax.const(float(a.epsilon), dtype))))
-    xhat_g = multiply(subtract(xg, mean(xg, [2], keepdims=True)), rstd)
     g = multiply(output_grad, reshape(gamma, per_channel)) if a.scale else output_grad
-    gg = reshape(g, grouped)
-    dx = multiply(rstd, subtract(subtract(gg, mean(gg, [2], keepdims=True)),
-                                 multiply(xhat_g, mean(multiply(gg, xhat_g), [2],
-                                                       keepdims=True))))
-    xhat = reshape(xhat_g, dims)
+    dx, xhat = _normalised_grad(reshape(x, grouped), reshape(g, grouped), [2], a.epsilon,
+                                dtype_of(x))
+    return _with_affine_grads(reshape(dx, dims), reshape(xhat, dims), 1, orig_call, output_grad)
+
+
+def instance_norm_grad(orig_var, orig_call, output_grad, ctx):
+    """y = xhat * gamma + beta, xhat normalised over ``axes``, gamma and beta per channel
+    (an image's channels; Bit's weight standardisation normalises each output channel of a
+    kernel, axes [0, 2] of its [1, out, in * kh * kw] view): the same fused form over
+    ``axes``."""
+    x, gamma, _ = orig_call.args
+    a = orig_call.attrs
+    rank = len(shape_of(x))
+    channel = int(a.channel_axis) % rank
+    per_channel = [shape_of(x)[i] if i == channel else 1 for i in range(rank)]
+    g = multiply(output_grad, reshape(gamma, per_channel)) if a.scale else output_grad
+    dx, xhat = _normalised_grad(x, g, [int(i) % rank for i in a.axes], a.epsilon, dtype_of(x))
+    return _with_affine_grads(dx, xhat, channel, orig_call, output_grad)
+
+
+def _normalised_grad(x, g, axes: list[int], epsilon, dtype: str):
+    """(dx, xhat) for xhat = (x - mean) * rstd over ``axes``, g the gradient reaching xhat:
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat))."""
+    rstd = divide(relax.const(1.0, dtype), sqrt(add(variance(x, axes, keepdims=True),
+                                                    relax.const(float(epsilon), dtype))))
+    xhat = multiply(subtract(x, mean(x, axes, keepdims=True)), rstd)
+    dx = multiply(rstd, subtract(subtract(g, mean(g, axes, keepdims=True)),
+                                 multiply(xhat, mean(multiply(g, xhat), axes, keepdims=True))))
+    return dx, xhat
+
+
+def _with_affine_grads(dx, xhat, channel: int, orig_call, output_grad) -> list:
+    """[dx, dgamma, dbeta]: dgamma = sum(dy * xhat), dbeta = sum(dy) over all but the channel
+    axis."""
+    _, gamma, beta = orig_call.args
+    a = orig_call.attrs
+    others = [i for i in range(len(shape_of(orig_call.args[0]))) if i != channel]
     dgamma = rsum(multiply(output_grad, xhat), others) if a.scale else no_grad(gamma)
     dbeta = rsum(output_grad, others) if a.center else no_grad(beta)
-    return [reshape(dx, dims), dgamma, dbeta]
+    return [dx, dgamma, dbeta]
 
 
 # TVM's rules replaced by these, where they are wrong for an input a model gives

@@ -25,11 +25,11 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 @mutator
 class _Rewriter(PyExprMutator):
     def visit_generic_const_(self, const: tvm.ir.expr.Constant) -> relax.Expr:
-        if not isinstance(const.value, tvm.runtime.Tensor) or const.value.numpy().size:
+        value = const.value
+        if not isinstance(value, tvm.runtime.Tensor) or 0 not in tuple(value.shape):
             return const
-        data = const.value.numpy()
-        return self.builder_.emit(relax.op.zeros(relax.ShapeExpr(list(data.shape)),
-                                                 str(data.dtype)))
+        return self.builder_.emit(relax.op.zeros(relax.ShapeExpr(list(value.shape)),
+                                                 str(value.dtype)))
 
 
 @relax.transform.function_pass(opt_level=0, name="EmptyConstantsAsZeros")
