@@ -140,3 +140,26 @@ def test_program_batch_must_match_the_config(tmp_path):
     save_weights(initial_weights(wrong, None, 0)[0], tmp_path / "w" / FILE)
     with pytest.raises(ConfigError, match=r"input x has batch 4; models.<name>.batch_size=8"):
         import_model(wrong, tmp_path / "w", tmp_path / "out")
+
+
+class _WithEmptyFeatures(torch.nn.Module):
+    """Concatenates an empty 1-D tensor (a multimodal model's image features when the batch has
+    no image), which PyTorch skips whatever the other operands' rank."""
+
+    def forward(self, x):
+        return torch.cat([x.new_zeros(0), x * 2, x.new_zeros(0)], 1)
+
+
+def test_a_concatenated_empty_1d_tensor_is_skipped_as_in_pytorch():
+    import tvm
+    from tvm import relax
+
+    from pipelines.frontends.torch_program import translate
+
+    x = torch.randn(2, 3, 4)
+    main, _, _ = translate(torch.export.export(_WithEmptyFeatures(), (x,)))
+    vm = relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": main}), target="llvm"),
+                              tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy()))
+    got = got[0] if not hasattr(got, "numpy") else got
+    np.testing.assert_array_equal(got.numpy(), _WithEmptyFeatures()(x).numpy())

@@ -43,6 +43,7 @@ SMALL = {
     "head_dim": 8, "max_position_embeddings": 64, "n_positions": 64,
     "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4,
     "num_experts_per_tok": 2, "moe_intermediate_size": 32, "image_size": IMAGE,
+    "n_groups": 1, "mamba_n_groups": 1,  # Mamba-2's state groups: at most one per head
 }
 
 
@@ -197,7 +198,7 @@ def _model(model_type, name, task, inputs, directory):
 
     torch.manual_seed(0)
     module, _ = load_module(model)
-    cls = class_of(model, module.config)
+    cls = class_of(model, config)
     assert issubclass(cls, transformers.PreTrainedModel)
     return module, model, cls
 
@@ -206,7 +207,7 @@ def _batch(module, task, inputs) -> dict:
     import torch
 
     generator = torch.Generator().manual_seed(1)
-    config = module.config
+    config = module.config.get_text_config()
     batch = {}
     if "pixel_values" in inputs:
         size = getattr(config, "image_size", IMAGE)

@@ -1,7 +1,8 @@
 """Converters for core ATen operators that TVM 0.27's exported-program importer does not
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
 ``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``; ``topk`` with
-``sorted=False`` (mixture-of-experts routing), which TVM refuses; and for 2-D
+``sorted=False`` (mixture-of-experts routing), which TVM refuses; ``cat`` with an empty 1-D
+operand (which PyTorch skips; a multimodal model's absent image features); and for 2-D
 interpolation, which TVM converts to ``image.resize2d``, an op with no gradient. Each emits
 Relax operators that have gradient rules, so the layer trains.
 
@@ -116,6 +117,17 @@ def topk(node, importer):
         relax.op.topk(x, k=k, axis=dim, largest=largest, ret_type="both", dtype="int64"))
 
 
+def cat(node, importer):
+    """aten.cat(tensors, dim): PyTorch skips operands of shape (0,) whatever the others' rank
+    (its legacy rule; a multimodal model with no image in the batch concatenates its empty
+    image features so), where TVM's concat refuses mixed ranks."""
+    tensors = [t for t in (importer.env[n] for n in node.args[0]) if shape_of(t) != [0]]
+    if len(tensors) == 1:
+        return tensors[0]
+    axis = int(_arg(node, 1, node.kwargs.get("dim", 0)))
+    return importer.block_builder.emit(concat(tensors, axis=axis))
+
+
 def interpolate(node, importer):
     """aten.upsample_{nearest,bilinear,bicubic}2d: each mode is separable and linear in its
     input, y = A_h @ x @ A_w^T. The two matrices are PyTorch's own weights, read by running the
@@ -144,4 +156,5 @@ CONVERTERS = {
     "_embedding_bag.default": embedding_bag,
     "adaptive_max_pool2d.default": adaptive_max_pool2d,
     "topk.default": topk,
+    "cat.default": cat,
 }

@@ -115,7 +115,7 @@ def data_source(model):
     settings = json.loads(preprocessor.read_text()) if preprocessor.is_file() else {}
     if getattr(config, "image_size", None):
         settings.setdefault("image_size", config.image_size)
-    return Source(directory, getattr(config, "vocab_size", None), settings)
+    return Source(directory, getattr(config.get_text_config(), "vocab_size", None), settings)
 
 
 def class_of(model, config) -> type:
@@ -196,12 +196,13 @@ def example_inputs(model, config, names: list[str]) -> dict[str, torch.Tensor]:
             examples[name] = torch.randn(batch, channels, size, size)
             continue
         seq = _size(model, "sequence", getattr(data, "seq_len", None))
-        longest = getattr(config, "max_position_embeddings", None)
+        text = config.get_text_config()  # a multimodal model's text settings are its own
+        longest = getattr(text, "max_position_embeddings", None)
         if longest and seq > longest:
             raise ConfigError(f"models.<name>.dims.sequence={seq} is longer than the model's "
                               f"max_position_embeddings ({longest}); allowed: 1..{longest}")
         if name == "input_ids":
-            examples[name] = torch.randint(1, config.vocab_size, (batch, seq))
+            examples[name] = torch.randint(1, text.vocab_size, (batch, seq))
         elif name == "attention_mask":
             examples[name] = torch.ones(batch, seq, dtype=torch.int64)
         else:
@@ -214,6 +215,7 @@ def load_module(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     where ``source`` has them, else a seeded initialisation (the caller seeds torch)."""
     config = config_of(model)
     cls = class_of(model, config)
+    config = _for_class(cls, config)
     path = ROOT / model.source
     if has_weights(path):
         module = cls.from_pretrained(str(path), config=config)
@@ -221,6 +223,16 @@ def load_module(model) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
         module = cls(config)
     names = input_names(model, module)
     return _logits_only(module.train(), names), example_inputs(model, config, names)
+
+
+def _for_class(cls: type, config):
+    """``config``, or its text config where the class is a text model's and ``config`` a
+    multimodal one's (transformers maps Qwen3.5's composite config to its causal LM)."""
+    wanted = getattr(cls, "config_class", None)
+    text = config.get_text_config()
+    if wanted and not isinstance(config, wanted) and isinstance(text, wanted):
+        return text
+    return config
 
 
 def own_loss_shifts(module, inputs: dict, labels) -> bool:
@@ -248,6 +260,7 @@ def pretrained_module(model, state: dict[str, torch.Tensor]) -> torch.nn.Module:
 
     config = config_of(model)
     cls = class_of(model, config)
+    config = _for_class(cls, config)
     with torch.device("meta"):
         module = cls(config)
     module.load_state_dict(state, strict=False, assign=True)
