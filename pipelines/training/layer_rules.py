@@ -1,8 +1,8 @@
 """Gradient rules for layers TVM 0.27 gives no rule: 1-D convolutions (plain and transposed;
 the conv stems of audio and sequence models), 2-D transposed convolutions (decoders,
 upsampling), 3-D convolutions and max pooling (video), group and instance norm. A 1-D layer is
-the 2-D one over a height of 1, so its rule is the 2-D
-rule on views with that axis added (TVM's own conv2d rule; the transposed one below).
+the 2-D one over a height of 1, so its rule is the 2-D rule on views with that axis added
+(TVM's own conv2d rule; the transposed one below).
 
 Each is checked numerically against PyTorch autograd in tests/test_gradient_rules.py and in
 a whole step in tests/test_operator_corpus.py.

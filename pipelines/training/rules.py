@@ -6,8 +6,8 @@ sequence's last token; gather_nd, the same in an ONNX export), max/min and tril 
 masks); Keras: pad (ZeroPadding2D); a user's own modules: squeeze, topk, gather_elements and
 scatter_elements (routing, torch.gather/scatter); slice_scatter (a slice written in place:
 linear attention's state, chunked caches) and tile (DiffLlama's heads)), the layers in
-layer_rules.py, and
-the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated kernels: REPLACED).
+layer_rules.py, and the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated
+kernels: REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
 Rules are registered once, on import; a rule TVM later ships itself is left in place (but

@@ -16,7 +16,7 @@ from pipelines.transform.slice_channels import SliceChannelUpdates
 from pipelines.transform.split_as_slices import SplitAsSlices
 from pipelines.transform.update_in_place import UpdateInPlace
 
-__all__ = ["BoolOpsAsInts", "EmptyConstantsAsZeros", "FlattenTakeIndices", "FreezeStatistics", "FrozenNormsElementwise",
-           "FuseSoftmaxCrossEntropy", "IsolateGemms", "PlainPowers", "PruneFrozenUpdates",
-           "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates", "SplitAsSlices",
-           "UpdateInPlace"]
+__all__ = ["BoolOpsAsInts", "EmptyConstantsAsZeros", "FlattenTakeIndices", "FreezeStatistics",
+           "FrozenNormsElementwise", "FuseSoftmaxCrossEntropy", "IsolateGemms", "PlainPowers",
+           "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates",
+           "SplitAsSlices", "UpdateInPlace"]

@@ -1,8 +1,8 @@
 """A constant with no elements -> ``R.zeros`` of its shape.
 
-TVM 0.27 writes such a constant into the built executable but cannot read it back ("Invalid
-DLTensor file format" when the step is loaded): reading zero bytes counts as a failed read.
-Folding the gradient of an empty tensor (a split's empty section) makes one. ``zeros`` of an
+TVM 0.27 writes such a constant into the built executable but cannot load it back ("Invalid
+DLTensor file format" when the step is loaded). Folding the gradient of an empty tensor (a
+split's empty section) makes one. ``zeros`` of an
 empty shape computes nothing and is no constant. Run on the optimized step, before the build
 (backend/build.py).
 
