@@ -41,8 +41,9 @@ from pipelines.training.graph import build_train_step, unreached_parameters
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import lr_scales, select
-from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FreezeStatistics,
-                                 FrozenNormsElementwise, FuseSoftmaxCrossEntropy, IsolateGemms,
+from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FoldConstantReshapes,
+                                 FreezeStatistics, FrozenNormsElementwise,
+                                 FuseSoftmaxCrossEntropy, IsolateGemms,
                                  PlainPowers, PruneFrozenUpdates, RecomputeActivations,
                                  ReorderUpdates, SliceChannelUpdates, SplitAsSlices,
                                  UpdateInPlace)
@@ -142,6 +143,7 @@ def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool,
         RecomputeActivations() if recompute else NOTHING,
         FuseSoftmaxCrossEntropy(),
         IsolateGemms(),
+        FoldConstantReshapes(),
         relax.transform.FoldConstant(),  # the gradient's exponent 2 - 1 becomes a constant
         PlainPowers(),
         FrozenNormsElementwise(),  # a frozen batch norm fuses into its convolution's kernel

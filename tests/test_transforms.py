@@ -24,7 +24,7 @@ from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of, without_signature
 from pipelines.phases import Lowered
 from pipelines.transform import (BoolOpsAsInts, EmptyConstantsAsZeros, FlattenTakeIndices,
-                                 FreezeStatistics, FrozenNormsElementwise, PlainPowers,
+                                 FoldConstantReshapes, FreezeStatistics, FrozenNormsElementwise, PlainPowers,
                                  PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
                                  SliceChannelUpdates, SplitAsSlices)
 from pipelines.transform.freeze_statistics import norm_scales
@@ -253,6 +253,26 @@ def test_split_as_slices_gives_empty_sections_that_build():
         run(before, "main")  # why the pass exists
     untouched = _one_op(lambda x: relax.op.split(x, [2, 5], axis=1))
     assert tvm_ffi.structural_equal(SplitAsSlices()(untouched), untouched)
+
+
+def test_reshapes_of_constants_fold_as_fold_constant_folds_them():
+    """StableHLO's scalars (a constant reshaped, broadcast, given an axis), folded by copying:
+    FoldConstant, which builds a kernel for each, then makes the same module of them; the
+    reshape of a variable stays."""
+    scale = relax.const(np.float32(0.5))
+
+    def scaled(x):
+        ones = relax.op.expand_dims(relax.op.reshape(scale, [1, 1]), [0])
+        return relax.op.multiply(relax.op.reshape(x, [1, 2, 8]),
+                                 relax.op.broadcast_to(ones, [1, 2, 8]))
+
+    before = _one_op(scaled)
+    after = FoldConstantReshapes()(before)
+    assert count_ops(after["main"]) == {"relax.reshape": 1, "relax.multiply": 1}
+    fold = relax.transform.FoldConstant()  # as compile.py runs it, after this pass
+    assert tvm_ffi.structural_equal(fold(after), fold(before))
+    args, want = run(before, "main")
+    np.testing.assert_array_equal(run(after, "main", args)[1], want)
 
 
 def test_empty_constants_become_zeros_that_a_built_step_loads(tmp_path):

@@ -3,6 +3,7 @@ them in order. Each docstring opens with the rewrite it does and shows the IR be
 """
 from pipelines.transform.bool_ops_as_ints import BoolOpsAsInts
 from pipelines.transform.empty_constants import EmptyConstantsAsZeros
+from pipelines.transform.fold_constant_reshapes import FoldConstantReshapes
 from pipelines.transform.flatten_take_indices import FlattenTakeIndices
 from pipelines.transform.freeze_statistics import FreezeStatistics
 from pipelines.transform.frozen_norms_elementwise import FrozenNormsElementwise
@@ -16,7 +17,8 @@ from pipelines.transform.slice_channels import SliceChannelUpdates
 from pipelines.transform.split_as_slices import SplitAsSlices
 from pipelines.transform.update_in_place import UpdateInPlace
 
-__all__ = ["BoolOpsAsInts", "EmptyConstantsAsZeros", "FlattenTakeIndices", "FreezeStatistics",
+__all__ = ["BoolOpsAsInts", "EmptyConstantsAsZeros", "FlattenTakeIndices", "FoldConstantReshapes",
+           "FreezeStatistics",
            "FrozenNormsElementwise", "FuseSoftmaxCrossEntropy", "IsolateGemms", "PlainPowers",
            "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates",
            "SplitAsSlices", "UpdateInPlace"]
