@@ -22,6 +22,10 @@ from pathlib import Path
 from pipelines.io import ARTIFACTS, ROOT
 from pipelines.schema import HOST
 
+# A build's signature (pipelines/phases.py writes it): here, so that a process that times a
+# peer reads it without importing TVM
+SIGNATURE = "signature.json"
+
 
 def stage_name(stage: str, case: str, device: str | None = None) -> str:
     """dvc.yaml's name of a stage run for a case (and a device): ``prune@mbv2``,

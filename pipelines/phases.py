@@ -29,10 +29,10 @@ import yaml
 from pipelines.io import (load_arrays, read_json, save_arrays, verified, write_json_atomic,
                           write_text_atomic)
 from pipelines.ir import load_ir, save_ir, signature_of
+from pipelines.layout import SIGNATURE
 
 STEP = "train_step"            # the step's IR: train_step.json, train_step.relax.py
 RECOMPUTE = "train_step_recompute"  # the optimize phase's recomputing twin
-SIGNATURE = "signature.json"
 INITIAL = "initial.npz"        # every parameter's and buffer's initial value, by Relax name
 LAYERS = "layers.json"         # what a scheme selects from (frontends/layers.py)
 PLAN = "plan.json"             # the static memory plan (analysis/memory_plan.py)

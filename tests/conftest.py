@@ -196,8 +196,8 @@ def assert_steps_match(compiled, model, optimizer, batches, rtol: float = 1e-4,
     difference in one depthwise layer's gradient); a wrong update is off by ~100% of it."""
     import torch
 
-    from pipelines.models.pytorch import make_optimizer, train_step
-    from pipelines.runtime.step import CompiledStep, selection_of
+    from pipelines.models.pytorch import make_optimizer, selection_of, train_step
+    from pipelines.runtime.step import CompiledStep
 
     twin = twin if twin is not None else twin_of(compiled, model)
     before = {k: v.clone() for k, v in twin.state_dict().items()}

@@ -33,8 +33,8 @@ from pipelines.frontends.onnx_graph import (
     translate_onnx,
 )
 from pipelines.models.mobilenetv2 import MobileNetV2
-from pipelines.models.pytorch import hold_statistics, make_optimizer, train_step
-from pipelines.runtime.step import CompiledStep, selection_of
+from pipelines.models.pytorch import hold_statistics, make_optimizer, selection_of, train_step
+from pipelines.runtime.step import CompiledStep
 from pipelines.training.graph import MissingGradientRule, build_train_step
 from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import select

@@ -56,8 +56,7 @@ def test_the_experiment_names_every_case_tested_here(llm):
 @pytest.mark.parametrize("case", CASES)
 def test_each_llm_case_steps_like_pytorch_in_place(llm, build_case, case):
     from pipelines.config import case_optimizer
-    from pipelines.models.pytorch import make_optimizer, train_step
-    from pipelines.runtime.step import selection_of
+    from pipelines.models.pytorch import make_optimizer, selection_of, train_step
 
     compiled = build_case(llm, case)
     signature = compiled.signature

@@ -20,13 +20,14 @@ from pipelines.config import SGD, LoRA
 from pipelines.evaluate.finetune import lora_export
 from pipelines.frontends.twin import torch_twin
 from pipelines.frontends import load_module
+from pipelines.models.pytorch import selection_of
 from pipelines.models.torch_lora import (
     adapted_modules,
     adapter_state,
     add_adapters,
     merged_state,
 )
-from pipelines.runtime.step import CompiledStep, selection_of
+from pipelines.runtime.step import CompiledStep
 from pipelines.schema import ConfigError
 from pipelines.training.lora import add_adapters as add_relax_adapters
 

@@ -12,8 +12,7 @@ from conftest import assert_steps_match, model_section, random_batch, twin_of
 
 from pipelines.compile import compile
 from pipelines.config import SGD
-from pipelines.models.pytorch import task_loss
-from pipelines.runtime.step import selection_of
+from pipelines.models.pytorch import selection_of, task_loss
 
 OPT = SGD(kind="sgd", lr=0.05, momentum=0.9)
 ENTRIES = ["conv1d_mixer", "conv3d_net", "transposed_convs", "pools", "gather_scatter",

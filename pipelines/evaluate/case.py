@@ -20,8 +20,9 @@ from pipelines.evaluate.finetune import (CHECKED_STEPS, Finetuned, check_first_l
 from pipelines.evaluate.speed import Spec, in_fresh_process, measure
 from pipelines.frontends.twin import step_batch, torch_twin
 from pipelines.io import read_json, save_arrays
+from pipelines.models.pytorch import lr_scales_of, selection_of
 from pipelines.phases import SIGNATURE
-from pipelines.runtime.step import CompiledStep, lr_scales_of, selection_of, synthetic_batch
+from pipelines.runtime.step import CompiledStep, synthetic_batch
 
 COST_KEYS = ("ops", "flops", "backward_flops", "param_grad_bytes", "optimizer_state_bytes",
              "saved_activation_bytes")

@@ -20,11 +20,11 @@ from pipelines.data import split
 from pipelines.evaluate.checkpoints import Position, restore, save
 from pipelines.frontends.base import Finetune
 from pipelines.frontends.twin import step_batch, torch_twin
-from pipelines.models.pytorch import (accumulated_step, batches, make_optimizer, one_thread,
-                                      score)
+from pipelines.models.pytorch import (accumulated_step, batches, lr_scales_of, make_optimizer,
+                                      one_thread, score, selection_of)
 from pipelines.models.torch_lora import adapter_state, merged_state
 from pipelines.progress import progress, throughput_unit
-from pipelines.runtime.step import CompiledStep, lr_scales_of, selection_of
+from pipelines.runtime.step import CompiledStep
 from pipelines.schema import ConfigError
 
 CHECKED_STEPS, LOSS_RTOL = 2, 1e-4

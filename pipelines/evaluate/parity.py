@@ -35,8 +35,8 @@ def compare_steps(build_dir, model, optimizer, initial: dict, batches: list,
     import torch
 
     from pipelines.frontends.twin import torch_twin
-    from pipelines.models.pytorch import make_optimizer, train_step
-    from pipelines.runtime.step import CompiledStep, lr_scales_of, selection_of
+    from pipelines.models.pytorch import lr_scales_of, make_optimizer, selection_of, train_step
+    from pipelines.runtime.step import CompiledStep
 
     step = CompiledStep(build_dir, initial)
     twin = torch_twin(model, step.signature, initial).to(device)

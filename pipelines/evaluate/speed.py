@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.io import read_json
+from pipelines.layout import SIGNATURE
 from pipelines.peers import PEERS, why_not
 from pipelines.timing import step_times
 
@@ -62,8 +63,6 @@ def make_step(case: str, spec: Spec):
     process reads only the compiled step's signature, so that its memory is its own."""
     import torch
 
-    from pipelines.runtime.step import SIGNATURE, CompiledStep
-
     torch.set_num_threads(spec.cores)
     if spec.device == "cuda":  # fp32 against fp32, as the compiled step computes it
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -73,6 +72,8 @@ def make_step(case: str, spec: Spec):
         batch = [saved[name] for name in signature["data"]]
     started = time.perf_counter()
     if case == COMPILED:
+        from pipelines.runtime.step import CompiledStep  # a peer's process loads no TVM
+
         compiled = CompiledStep(spec.build, spec.initial)
         args = compiled.arguments(*batch)
         # the same batch each call; a step built in place goes on from the state it left
@@ -285,33 +286,30 @@ def gpu_sgemm_peak(_cores: int, size: int = 4096, repeats: int = 20) -> float:
     return _product_gflops(lambda: (a @ a, torch.cuda.synchronize()), size, repeats)
 
 
-def peer_losses(case: str, spec: Spec) -> tuple[list, list]:
-    """A checked peer's losses over its first steps on the spec's batch, and PyTorch's doing
-    the same update (pipelines/peers: ``check_losses``)."""
+def peer_losses(case: str, spec: Spec, steps: int) -> tuple[list, list]:
+    """A checked peer's losses over its first ``steps`` on the spec's batch, and PyTorch's
+    doing the same update (pipelines/peers: ``check_losses``)."""
     import torch
-
-    from pipelines.evaluate.finetune import CHECKED_STEPS
-    from pipelines.runtime.step import SIGNATURE
 
     torch.set_num_threads(spec.cores)
     signature = read_json(Path(spec.build) / SIGNATURE)
     with np.load(spec.batch) as saved:
         batch = [saved[name] for name in signature["data"]]
-    return PEERS[case].check_losses(spec, signature, batch, CHECKED_STEPS)
+    return PEERS[case].check_losses(spec, signature, batch, steps)
 
 
 def check_peers(spec: Spec, peers: list[str]) -> tuple[dict, dict]:
     """Each peer that is not PyTorch (one with ``check_losses``) run for its first steps, in a
     fresh process, against PyTorch doing the same update: their losses by peer, and why each
     peer that failed or disagreed is not timed."""
-    from pipelines.evaluate.finetune import LOSS_RTOL
+    from pipelines.evaluate.finetune import CHECKED_STEPS, LOSS_RTOL
 
     losses, failed = {}, {}
     for peer in peers:
         if not hasattr(PEERS[peer], "check_losses"):
             continue
         try:
-            theirs, pytorch = in_fresh_process(peer_losses, peer, spec)
+            theirs, pytorch = in_fresh_process(peer_losses, peer, spec, CHECKED_STEPS)
         except Exception as error:  # noqa: BLE001 - a peer's failure is reported, not raised
             failed[peer] = f"failed: {type(error).__name__}: {str(error).splitlines()[0]}"
             continue
@@ -327,7 +325,6 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     prune ``report``'s FLOPs), examples (tokens, for a token grid) per second, and the ratios
     of compiled vs each peer. A peer that cannot do the case, fails or disagrees with PyTorch
     is not timed; ``not_timed`` says why."""
-    from pipelines.runtime.step import SIGNATURE
 
     signature = read_json(Path(spec.build) / SIGNATURE)
     skipped = {peer: reason for peer in peers

@@ -57,6 +57,19 @@ def _in_eval_mode(norm: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
     return norm
 
 
+def selection_of(signature: dict) -> dict[str, dict | None]:
+    """The scheme's selection a step was built with, under the source's names (training/scheme.py:
+    None for a whole parameter, {"axis", "index"} for some channels)."""
+    names, channels = signature["source_names"], signature.get("channels", {})
+    return {names[p]: channels.get(p) for p in signature["trainable"]}
+
+
+def lr_scales_of(signature: dict) -> dict[str, float]:
+    """The learning-rate scales a step was built with (training/scheme.py: lr_scales), under the
+    source's names: its PyTorch twin's param groups (models/pytorch.py: make_optimizer)."""
+    return signature.get("lr_scales", {})
+
+
 def make_optimizer(model: torch.nn.Module, optimizer, trainable=None, lr_scales=None):
     """The torch.optim optimizer ``optimizer`` describes (pipelines/config.py: SGD or Adam) over
     the ``trainable`` parameters (all when None); the rest are frozen.

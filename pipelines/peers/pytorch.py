@@ -12,8 +12,7 @@ def torch_step(spec, signature, batch, frozen: bool, compile: bool = False):
     import torch
 
     from pipelines.frontends.twin import torch_twin
-    from pipelines.models.pytorch import make_optimizer, train_step
-    from pipelines.runtime.step import lr_scales_of, selection_of
+    from pipelines.models.pytorch import lr_scales_of, make_optimizer, selection_of, train_step
 
     model = torch_twin(spec.model, signature, spec.initial,
                        adapters=frozen).to(spec.device)
@@ -33,7 +32,7 @@ def peer_twin(spec, signature, frozen: bool):
     whole tensors (a channel-selected parameter is trained whole, as other engines freeze
     tensors, not channels)."""
     from pipelines.frontends.twin import torch_twin
-    from pipelines.runtime.step import selection_of
+    from pipelines.models.pytorch import selection_of
 
     model = torch_twin(spec.model, signature, spec.initial, adapters=frozen)
     names = (list(selection_of(signature)) if frozen

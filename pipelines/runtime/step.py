@@ -14,10 +14,11 @@ from tvm.runtime.vm import VirtualMachine  # the runtime's VM: no compiler neede
 
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts, before they start)
 from pipelines.io import read_json, verified
+from pipelines.layout import SIGNATURE
 from pipelines.runtime.checks import BadBatch, check_batch, check_finite, check_shapes
 from pipelines.runtime.cuda import cuda_device, keep
 
-LIBRARY, SIGNATURE, BUILT = "step.so", "signature.json", "build.json"
+LIBRARY, BUILT = "step.so", "build.json"
 
 
 def built_for_cuda(build_dir: Path) -> bool:
@@ -127,7 +128,8 @@ class CompiledStep:
         hyper-parameters and the compiled step's optimizer state loaded into it: a
         ``torch.optim`` one, or for a channel-sparse step a ``ChannelSparse`` whose
         slice-shaped state continues exactly where the compiled step stopped."""
-        from pipelines.models.pytorch import ChannelSparse, grouped, param_groups
+        from pipelines.models.pytorch import (ChannelSparse, grouped, lr_scales_of,
+                                              param_groups, selection_of)
 
         spec, scales = self.signature["optimizer"], lr_scales_of(self.signature)
 
@@ -185,19 +187,6 @@ def initial_state(signature: dict, initial: dict[str, np.ndarray]) -> dict[str, 
             value = initial[name]
         state[name] = np.array(value, order="C")
     return state
-
-
-def selection_of(signature: dict) -> dict[str, dict | None]:
-    """The scheme's selection a step was built with, under the source's names (training/scheme.py:
-    None for a whole parameter, {"axis", "index"} for some channels)."""
-    names, channels = signature["source_names"], signature.get("channels", {})
-    return {names[p]: channels.get(p) for p in signature["trainable"]}
-
-
-def lr_scales_of(signature: dict) -> dict[str, float]:
-    """The learning-rate scales a step was built with (training/scheme.py: lr_scales), under the
-    source's names: its PyTorch twin's param groups (models/pytorch.py: make_optimizer)."""
-    return signature.get("lr_scales", {})
 
 
 def synthetic_batch(signature: dict, seed: int, batches: int = 1) -> tuple[np.ndarray, ...]:
