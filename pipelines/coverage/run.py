@@ -43,9 +43,9 @@ def run_all(records_path: Path, work: Path, code: str, timeout_s: float, jobs: i
                    for a in todo]
         for future in progress(as_completed(running), desc="coverage", total=len(running),
                                unit="architecture"):
-            if future.result() is None:  # not started: the time budget was spent
+            if (checked := future.result()) is None:  # not started: the budget was spent
                 continue
-            record = {**future.result(), "code": code}
+            record = {**checked, "code": code}
             kept[_key(record)] = record
             with open(records_path, "a") as handle:
                 handle.write(json.dumps(record, sort_keys=True) + "\n")

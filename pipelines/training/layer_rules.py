@@ -181,7 +181,7 @@ def group_norm_grad(orig_var, orig_call, output_grad, ctx):
     grouped = [dims[0], groups, size // groups]
     per_channel = [1, dims[1]] + [1] * (len(dims) - 2)
     g = multiply(output_grad, reshape(gamma, per_channel)) if a.scale else output_grad
-    dx, xhat = _normalised_grad(reshape(x, grouped), reshape(g, grouped), [2], a.epsilon,
+    dx, xhat = normalised_grad(reshape(x, grouped), reshape(g, grouped), [2], a.epsilon,
                                 dtype_of(x))
     return _with_affine_grads(reshape(dx, dims), reshape(xhat, dims), 1, orig_call, output_grad)
 
@@ -197,11 +197,11 @@ def instance_norm_grad(orig_var, orig_call, output_grad, ctx):
     channel = int(a.channel_axis) % rank
     per_channel = [shape_of(x)[i] if i == channel else 1 for i in range(rank)]
     g = multiply(output_grad, reshape(gamma, per_channel)) if a.scale else output_grad
-    dx, xhat = _normalised_grad(x, g, [int(i) % rank for i in a.axes], a.epsilon, dtype_of(x))
+    dx, xhat = normalised_grad(x, g, [int(i) % rank for i in a.axes], a.epsilon, dtype_of(x))
     return _with_affine_grads(dx, xhat, channel, orig_call, output_grad)
 
 
-def _normalised_grad(x, g, axes: list[int], epsilon, dtype: str):
+def normalised_grad(x, g, axes: list[int], epsilon, dtype: str):
     """(dx, xhat) for xhat = (x - mean) * rstd over ``axes``, g the gradient reaching xhat:
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))."""
     rstd = divide(relax.const(1.0, dtype), sqrt(add(variance(x, axes, keepdims=True),

@@ -32,7 +32,7 @@ from tvm.relax.op.nn import pad as pad_zeros
 from tvm.relax.op._op_gradient import no_grad
 
 from pipelines.ir import dtype_of, shape_of
-from pipelines.training.layer_rules import LAYER_REPLACED, LAYER_RULES
+from pipelines.training.layer_rules import LAYER_REPLACED, LAYER_RULES, normalised_grad
 
 
 def clip_grad(orig_var, orig_call, output_grad, ctx):
@@ -308,15 +308,8 @@ def layer_norm_grad(orig_var, orig_call, output_grad, ctx):
     attrs = orig_call.attrs
     dims = shape_of(x)
     axes = [int(a) % len(dims) for a in attrs.axes]
-    dtype = dtype_of(x)
-    mu = mean(x, axes, keepdims=True)
-    rstd = divide(relax.const(1.0, dtype),
-                  sqrt(add(variance(x, axes, keepdims=True),
-                           relax.const(float(attrs.epsilon), dtype))))
-    xhat = multiply(subtract(x, mu), rstd)
     g = multiply(output_grad, gamma) if attrs.scale else output_grad
-    dx = multiply(rstd, subtract(subtract(g, mean(g, axes, keepdims=True)),
-                                 multiply(xhat, mean(multiply(g, xhat), axes, keepdims=True))))
+    dx, xhat = normalised_grad(x, g, axes, attrs.epsilon, dtype_of(x))
     dgamma = (collapse_sum_to(multiply(output_grad, xhat), gamma.ty.shape) if attrs.scale
               else no_grad(gamma))
     dbeta = collapse_sum_to(output_grad, beta.ty.shape) if attrs.center else no_grad(beta)
