@@ -325,7 +325,6 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
     prune ``report``'s FLOPs), examples (tokens, for a token grid) per second, and the ratios
     of compiled vs each peer. A peer that cannot do the case, fails or disagrees with PyTorch
     is not timed; ``not_timed`` says why."""
-
     signature = read_json(Path(spec.build) / SIGNATURE)
     skipped = {peer: reason for peer in peers
                if (reason := why_not(peer, signature, spec.model))}

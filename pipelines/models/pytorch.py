@@ -66,7 +66,7 @@ def selection_of(signature: dict) -> dict[str, dict | None]:
 
 def lr_scales_of(signature: dict) -> dict[str, float]:
     """The learning-rate scales a step was built with (training/scheme.py: lr_scales), under the
-    source's names: its PyTorch twin's param groups (models/pytorch.py: make_optimizer)."""
+    source's names: its PyTorch twin's param groups (make_optimizer)."""
     return signature.get("lr_scales", {})
 
 

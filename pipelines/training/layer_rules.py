@@ -182,7 +182,7 @@ def group_norm_grad(orig_var, orig_call, output_grad, ctx):
     per_channel = [1, dims[1]] + [1] * (len(dims) - 2)
     g = multiply(output_grad, reshape(gamma, per_channel)) if a.scale else output_grad
     dx, xhat = normalised_grad(reshape(x, grouped), reshape(g, grouped), [2], a.epsilon,
-                                dtype_of(x))
+                               dtype_of(x))
     return _with_affine_grads(reshape(dx, dims), reshape(xhat, dims), 1, orig_call, output_grad)
 
 

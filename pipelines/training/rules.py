@@ -306,8 +306,7 @@ def layer_norm_grad(orig_var, orig_call, output_grad, ctx):
     decomposed mean/variance graph to differentiate."""
     x, gamma, beta = orig_call.args
     attrs = orig_call.attrs
-    dims = shape_of(x)
-    axes = [int(a) % len(dims) for a in attrs.axes]
+    axes = [int(a) % len(shape_of(x)) for a in attrs.axes]
     g = multiply(output_grad, gamma) if attrs.scale else output_grad
     dx, xhat = normalised_grad(x, g, axes, attrs.epsilon, dtype_of(x))
     dgamma = (collapse_sum_to(multiply(output_grad, xhat), gamma.ty.shape) if attrs.scale
