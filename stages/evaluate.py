@@ -16,9 +16,11 @@ import sys
 
 from pipelines.data import FILE
 from pipelines.data.tokenizer import DIRECTORY
+from pipelines.evaluate.case import evaluate_case, save_finetuned
 from pipelines.io import atomic_dir, load_arrays, read_json, write_json_atomic, write_manifest
 from pipelines.layout import (case_dir, checkpoint_dir, device_dir, metrics_path, model_dir,
                               resolved_case)
+from pipelines.phases import Build, TrainingStep
 from pipelines.profiles import resolved_profile
 from pipelines.resolve import case_inputs
 from pipelines.schema import HOST
@@ -26,11 +28,6 @@ from pipelines.stage import run_stage
 
 
 def main(name: str) -> None:
-    # Imported here, not above: the processes that time the peers import this module again
-    # (multiprocessing's spawn), and a PyTorch or ONNX Runtime peer's need not load TVM.
-    from pipelines.evaluate.case import evaluate_case, save_finetuned
-    from pipelines.phases import Build, TrainingStep
-
     inputs, build = case_inputs(name, "evaluate"), device_dir(name, HOST, "build")
     data = model_dir(inputs.model_name, "data") / FILE
     result = evaluate_case(

@@ -72,7 +72,7 @@ def make_step(case: str, spec: Spec):
         batch = [saved[name] for name in signature["data"]]
     started = time.perf_counter()
     if case == COMPILED:
-        from pipelines.runtime.step import CompiledStep  # a peer's process loads no TVM
+        from pipelines.runtime.step import CompiledStep  # the peers' processes need no TVM
 
         compiled = CompiledStep(spec.build, spec.initial)
         args = compiled.arguments(*batch)
