@@ -33,6 +33,16 @@ def test_shrinking_reaches_nested_configs_and_per_layer_settings():
     assert mamba.num_heads * mamba.head_dim == mamba.expand * mamba.hidden_size
 
 
+def test_shrinking_keeps_a_config_consistent_with_itself():
+    latent = tiny_config("deepseek_v2")  # latent attention: rotary part, one latent per head
+    assert latent.head_dim == latent.qk_rope_head_dim
+    assert latent.qk_head_dim == latent.qk_nope_head_dim + latent.qk_rope_head_dim
+    assert latent.num_key_value_heads == latent.num_attention_heads
+    assert tiny_config("dinov2").out_features == ["stage2"]  # a backbone's last stage
+    gptj = tiny_config("gptj")  # its rotary share within a head
+    assert gptj.rotary_dim <= gptj.n_embd // gptj.n_head
+
+
 def test_a_run_out_of_time_starts_no_check_and_keeps_the_records(tmp_path):
     records = tmp_path / "records.jsonl"
     assert run_all(records, tmp_path / "work", "code", 60, 1, "LlamaForCausalLM",

@@ -371,6 +371,19 @@ def test_a_bad_transformers_model_is_named(keys, error):
         load_module(model)
 
 
+def test_a_training_step_has_no_dropout_or_stochastic_depth(tmp_path):
+    """A step is deterministic: the config's dropout and drop-path rates (CvT's per stage)
+    are 0, so the export has no random draw (``rand``) to import."""
+    from pipelines.frontends.transformers import config_of
+
+    transformers.AutoConfig.for_model("cvt", drop_path_rate=[0.0, 0.1, 0.2],
+                                      attention_drop_rate=[0.1] * 3).save_pretrained(tmp_path)
+    config = config_of(model_section(frontend="transformers", source=str(tmp_path),
+                                     batch_size=2, dims={"image_size": 32},
+                                     inputs=["pixel_values"]))
+    assert config.drop_path_rate == config.attention_drop_rate == [0.0] * 3
+
+
 def test_transformers_keys_belong_to_the_transformers_frontend():
     """Each frontend's section has its own keys (pipelines/frontends: each Config)."""
     with pytest.raises(ValueError, match=r"unknown keys \['architecture'\]; allowed: \[.*'entry'"):

@@ -34,7 +34,8 @@ DEPTHS = ["num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder
           "decoder_layers", "encoder_layers"]
 SMALL = {
     **dict.fromkeys(DEPTHS, 2),
-    **dict.fromkeys(["hidden_size", "d_model", "n_embd", "dim", "embed_dim"], 32),
+    **dict.fromkeys(["hidden_size", "d_model", "n_embd", "dim", "embed_dim",
+                     "pooler_hidden_size"], 32),
     **dict.fromkeys(["intermediate_size", "ffn_dim", "n_inner", "decoder_ffn_dim",
                      "encoder_ffn_dim", "hidden_dim", "d_ff", "mamba_d_ssm"], 64),
     **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "decoder_attention_heads",
@@ -44,7 +45,13 @@ SMALL = {
     "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4,
     "num_experts_per_tok": 2, "moe_intermediate_size": 32, "image_size": IMAGE,
     "n_groups": 1, "mamba_n_groups": 1,  # Mamba-2's state groups: at most one per head
+    "rotary_dim": 4,  # CodeGen's and GPT-J's rotary share of a head (8 wide)
+    # multi-head latent attention (DeepSeek V2/V3, MiniCPM3): its low ranks and head parts
+    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+    "v_head_dim": 8, "index_head_dim": 8, "index_n_heads": 2,
 }
+# a backbone's chosen stages, named by depth ("stage12"): left to the shrunk depth's default
+STAGES = ["out_features", "out_indices"]
 
 
 def architectures(tasks=TASKS) -> list[tuple[str, str, str]]:
@@ -74,6 +81,8 @@ def _shrunk(values: dict) -> dict:
             out[key] = {k: v for k, v in value.items() if int(k) < SMALL["num_hidden_layers"]}
         elif isinstance(value, dict) and key.endswith("config"):
             out[key] = _shrunk(value)
+        elif key in STAGES:
+            out[key] = None
         elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
             out[key] = SMALL[key]
         elif depth and isinstance(value, list) and len(value) == depth:
@@ -85,6 +94,10 @@ def _shrunk(values: dict) -> dict:
         out["head_dim"] = width // out["num_attention_heads"]
     elif {"head_dim", "num_heads", "expand"} <= set(out) and width:  # Mamba-2's mixer:
         out["head_dim"] = width * out["expand"] // out["num_heads"]  # heads x size = expand x width
+    if "qk_rope_head_dim" in out:  # latent attention: a head's query/key is nope + rope wide,
+        out["head_dim"] = out["qk_rope_head_dim"]  # the rotary part is "head_dim"; keys and
+        out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]  # values come
+        out["num_key_value_heads"] = out.get("num_attention_heads")  # from one latent per head
     if {"mamba_d_head", "mamba_n_heads", "mamba_expand"} <= set(out) and width:
         inner = out.get("mamba_d_ssm") or width * out["mamba_expand"]
         out["mamba_d_head"] = inner // out["mamba_n_heads"]
@@ -188,6 +201,11 @@ def _model(model_type, name, task, inputs, directory):
 
     config = tiny_config(model_type)
     config.architectures = [name]
+    text = config.get_text_config()
+    if task == "classification" and "input_ids" in inputs and \
+            getattr(text, "pad_token_id", None) is None:
+        text.pad_token_id = 0  # a classifier reads its last token before the padding, as a
+        # tokenizer's config would say (GPT-2's has none); the batch's ids never draw it
     directory.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(directory)
     model = TypeAdapter(Model).validate_python({
@@ -217,6 +235,10 @@ def _batch(module, task, inputs) -> dict:
     else:
         vocab = int(getattr(config, "vocab_size", 100) or 100)
         batch["input_ids"] = torch.randint(3, vocab, (BATCH, SEQUENCE), generator=generator)
+        eos = getattr(config, "eos_token_id", None)
+        if task == "classification" and isinstance(eos, int) and 0 <= eos < vocab:
+            batch["input_ids"][:, -1] = eos  # as a tokenizer ends a sentence (BART's
+            # classifier reads the hidden state at its end-of-sentence token)
     shape = (BATCH, SEQUENCE) if task == "causal_lm" else (BATCH,)
     high = int(config.vocab_size) if task == "causal_lm" else LABELS
     batch["labels"] = torch.randint(0, high, shape, generator=generator)

@@ -13,8 +13,9 @@ model's main input, ``input_ids`` or ``pixel_values``, unless the config lists o
 attention mask) and returns the logits alone. The fine-tuned weights go back as a directory
 ``from_pretrained`` loads (``save_pretrained``).
 
-A training step is deterministic, so dropout is off (every ``*dropout*`` / ``*pdrop*``
-probability of the config set to 0), and so is the key-value cache.
+A training step is deterministic, so dropout and stochastic depth are off (every
+``*dropout*``, ``*pdrop*``, ``*drop_path*`` or ``*drop_rate*`` probability of the config set to
+0, a per-stage list too), and so is the key-value cache.
 
 The frontend ``transformers`` (pipelines/frontends/__init__.py).
 """
@@ -58,6 +59,8 @@ lower = torch_module.lower
 CONFIG = "config.json"
 # Inputs a step can feed a transformers model, and how an example of each is made.
 EXAMPLES = ("input_ids", "attention_mask", "token_type_ids", "pixel_values")
+# a config's probabilities of randomness in training: dropout and stochastic depth
+RANDOM = ("dropout", "pdrop", "drop_path", "drop_rate")
 
 
 def _library():
@@ -68,7 +71,7 @@ def _library():
 
 def config_of(model):
     """The model's PretrainedConfig: config.json from ``source`` with ``config`` on top,
-    dropout and the key-value cache off."""
+    dropout, stochastic depth and the key-value cache off."""
     transformers = _library()
     path = ROOT / model.source
     file = path / CONFIG if path.is_dir() else path
@@ -92,8 +95,11 @@ def config_of(model):
                       or not (isinstance(v, list) and len(v) == layers)}
         config = type(config).from_dict({**values, **model.config})
     for key, value in config.to_dict().items():
-        if ("dropout" in key or key.endswith("pdrop")) and isinstance(value, float):
-            setattr(config, key, 0.0)
+        if any(part in key for part in RANDOM):
+            if isinstance(value, float):
+                setattr(config, key, 0.0)
+            elif isinstance(value, list) and all(isinstance(v, float) for v in value):
+                setattr(config, key, [0.0] * len(value))  # CvT's rate per stage
     if hasattr(config, "use_cache"):
         config.use_cache = False
     # Mixture-of-experts layers: each token's experts' weights gathered and applied as batched
