@@ -43,7 +43,7 @@ from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import lr_scales, select
 from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FoldConstantReshapes,
                                  FreezeStatistics, FrozenNormsElementwise,
-                                 FuseSoftmaxCrossEntropy, IsolateGemms,
+                                 FuseSoftmaxCrossEntropy, IsolateGemms, MaxPoolGradInBounds,
                                  PlainPowers, PruneFrozenUpdates, RecomputeActivations,
                                  ReorderUpdates, SliceChannelUpdates, SplitAsSlices,
                                  UpdateInPlace)
@@ -147,6 +147,7 @@ def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool,
         relax.transform.FoldConstant(),  # the gradient's exponent 2 - 1 becomes a constant
         PlainPowers(),
         FrozenNormsElementwise(),  # a frozen batch norm fuses into its convolution's kernel
+        MaxPoolGradInBounds(),  # TVM's legalization of it reads out of bounds
         # fusion works on legalized TIR: elementwise and broadcast work (the optimizer's update,
         # batch norm arithmetic, ReLU6 masks) folds into the kernel that produces its input
         relax.transform.CanonicalizeBindings(),

@@ -39,6 +39,7 @@ def test_shrinking_keeps_a_config_consistent_with_itself():
     assert latent.qk_head_dim == latent.qk_nope_head_dim + latent.qk_rope_head_dim
     assert latent.num_key_value_heads == latent.num_attention_heads
     assert tiny_config("dinov2").out_features == ["stage2"]  # a backbone's last stage
+    assert tiny_config("resnet").depths == [1, 1, 1, 1]  # a block per stage
     gptj = tiny_config("gptj")  # its rotary share within a head
     assert gptj.rotary_dim <= gptj.n_embd // gptj.n_head
 

@@ -24,7 +24,8 @@ from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of, without_signature
 from pipelines.phases import Lowered
 from pipelines.transform import (BoolOpsAsInts, EmptyConstantsAsZeros, FlattenTakeIndices,
-                                 FoldConstantReshapes, FreezeStatistics, FrozenNormsElementwise, PlainPowers,
+                                 FoldConstantReshapes, FreezeStatistics, FrozenNormsElementwise,
+                                 MaxPoolGradInBounds, PlainPowers,
                                  PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
                                  SliceChannelUpdates, SplitAsSlices)
 from pipelines.transform.freeze_statistics import norm_scales
@@ -273,6 +274,71 @@ def test_reshapes_of_constants_fold_as_fold_constant_folds_them():
     assert tvm_ffi.structural_equal(fold(after), fold(before))
     args, want = run(before, "main")
     np.testing.assert_array_equal(run(after, "main", args)[1], want)
+
+
+def _reads_past_own_buffers(mod: tvm.IRModule) -> list[str]:
+    """The blocks of ``mod``'s kernels that can read one of their kernel's own buffers (an
+    argmax, not a parameter) outside it, over their variables' whole domains."""
+    from tvm import s_tir
+    from tvm.sym.analyzer import Analyzer
+
+    past = []
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        sch, analyzer = s_tir.Schedule(func), Analyzer()
+        own = {b.name for b in sch.get(sch.get_sblock("root")).alloc_buffers}
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            stmt = sch.get(block)
+            for iv in stmt.iter_vars:
+                analyzer.bind(iv.var, iv.dom)
+            for read in (r for r in stmt.reads if r.source.name in own):
+                for span, extent in zip(read.region, read.source.shape):
+                    bound = analyzer.const_int_bound(span.min)
+                    if bound.min_value < 0 or \
+                            bound.max_value + int(span.extent) > int(extent):
+                        past.append(f"{gvar.name_hint}: {stmt.name_hint} reads "
+                                    f"{read.source.name}")
+    return past
+
+
+@pytest.mark.parametrize("size, kernel, stride, padding, ceil, layout", [
+    (16, 3, 2, 1, False, "NCHW"),  # ResNet's stem
+    (15, 3, 2, 0, True, "NCHW"),  # ceil_mode: the last window reaches past the input
+    (8, 2, 2, 0, False, "NHWC"),  # StableHLO's layout
+    (9, 3, 1, 1, False, "NCHW"),
+])
+def test_max_pool_gradient_reads_in_bounds_and_is_pytorchs(size, kernel, stride, padding,
+                                                           ceil, layout):
+    """Max pooling's gradient, tied values included (the first of a window's maxima takes
+    it), equal to PyTorch's, with no read outside the argmax; TVM's legalization reads past
+    it at ResNet's stem."""
+    torch.manual_seed(0)
+    x = ((torch.randn(2, 3, size, size) * 4).round() / 4).requires_grad_(True)
+    y = torch.nn.functional.max_pool2d(x, kernel, stride, padding, ceil_mode=ceil)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    args, want = [dy.numpy(), x.detach().numpy()], x.grad.numpy()
+    if layout == "NHWC":
+        args, want = [a.transpose(0, 2, 3, 1).copy() for a in args], want.transpose(0, 2, 3, 1)
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(list(a.shape), "float32"))
+              for n, a in zip(["dy", "x"], args)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.grad.max_pool2d_backward(
+                *params, [kernel] * 2, [stride] * 2, [padding] * 4, [1, 1], ceil, False, layout))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after = MaxPoolGradInBounds()(before)
+    assert "relax.grad.max_pool2d_backward" not in count_ops(after["main"])
+    legal = relax.transform.LegalizeOps()(after)
+    vm = relax.VirtualMachine(tvm.compile(legal, target="llvm"), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert _reads_past_own_buffers(legal) == []
+    if (size, kernel, stride, padding) == (16, 3, 2, 1):  # why the pass exists
+        assert _reads_past_own_buffers(relax.transform.LegalizeOps()(before))
 
 
 def test_empty_constants_become_zeros_that_a_built_step_loads(tmp_path):

@@ -28,7 +28,10 @@ PHASES = ["config", "pytorch", "imports", "differentiates", "builds", "steps", "
           "crashed"]
 RTOL, ATOL = 1e-4, 1e-6  # ATOL: float32 noise on a tensor near 0 (a zero-initialised bias
 # whose gradient is 0 in exact arithmetic: attention keys' bias)
-BATCH, SEQUENCE, LABELS, IMAGE = 2, 8, 4, 32
+# 64 x 64 images and one block per stage (below): at 32 x 32 a ResNet's last stage is 1 x 1,
+# its batch norms normalise 2 values, and PyTorch's own float32 step is 39 times a weight's
+# scale off its float64 step: no float32 step can be checked against it
+BATCH, SEQUENCE, LABELS, IMAGE = 2, 8, 4, 64
 # widths and depths of a shrunk config, under the names configs give them
 DEPTHS = ["num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers",
           "decoder_layers", "encoder_layers"]
@@ -52,6 +55,7 @@ SMALL = {
 }
 # a backbone's chosen stages, named by depth ("stage12"): left to the shrunk depth's default
 STAGES = ["out_features", "out_indices"]
+STAGE_DEPTHS = ["depths"]  # a vision backbone's blocks per stage: one each
 
 
 def architectures(tasks=TASKS) -> list[tuple[str, str, str]]:
@@ -83,6 +87,8 @@ def _shrunk(values: dict) -> dict:
             out[key] = _shrunk(value)
         elif key in STAGES:
             out[key] = None
+        elif key in STAGE_DEPTHS and isinstance(value, list):
+            out[key] = [1] * len(value)
         elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
             out[key] = SMALL[key]
         elif depth and isinstance(value, list) and len(value) == depth:
@@ -139,6 +145,8 @@ def check(mapping: str, model_type: str, name: str, directory: Path) -> dict:
         want_loss, want_state, want_trained = _pytorch_step(module, cls, inputs, batch)
         record.update(phase=_compiled_phase(model, model.task, inputs, batch, directory, state,
                                             want_loss, want_state, want_trained, record))
+        if record["phase"] == "matches":  # is it the step, or the model's conditioning?
+            record["error"] += f"; {_float32_error(module, cls, inputs, batch, state, want_state)}"
     except Exception as err:  # the record is the result: the cause, not a crash
         record.update(phase=phase, error=_first_line(err))
     finally:
@@ -260,6 +268,27 @@ def _pytorch_step(module, cls, inputs, batch):
                 p -= 0.1 * p.grad
     return float(output.loss), {k: v.detach().clone() for k, v in module.state_dict().items()}, \
         trained
+
+
+def _float32_error(module, cls, inputs, batch, state, want_state) -> str:
+    """How far PyTorch's own float32 step is from its float64 step, from ``state``: the worst
+    tensor, as _error measures it. A model whose float32 step is itself far off cannot have
+    a float32 step checked against it at this config."""
+    import torch
+
+    try:
+        module.load_state_dict(state)
+        module.zero_grad(set_to_none=True)
+        module.double()
+        wide = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+        _, exact, _ = _pytorch_step(module, cls, inputs, wide)
+    except Exception as err:  # some models run in float32 only
+        return f"PyTorch in float64 fails: {_first_line(err)[:120]}"
+    finally:
+        torch.set_grad_enabled(True)
+    worst = max(((_error(v, exact[k]), k) for k, v in want_state.items()
+                 if v.is_floating_point() and k in exact), default=(0.0, ""))
+    return f"PyTorch's own float32 step is off its float64 step by {worst[0]:.2g} ({worst[1]})"
 
 
 def _error(got, want) -> float:
