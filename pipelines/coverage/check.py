@@ -274,8 +274,6 @@ def _float32_error(module, cls, inputs, batch, state, want_state) -> str:
     """How far PyTorch's own float32 step is from its float64 step, from ``state``: the worst
     tensor, as _error measures it. A model whose float32 step is itself far off cannot have
     a float32 step checked against it at this config."""
-    import torch
-
     try:
         module.load_state_dict(state)
         module.zero_grad(set_to_none=True)
@@ -284,8 +282,6 @@ def _float32_error(module, cls, inputs, batch, state, want_state) -> str:
         _, exact, _ = _pytorch_step(module, cls, inputs, wide)
     except Exception as err:  # some models run in float32 only
         return f"PyTorch in float64 fails: {_first_line(err)[:120]}"
-    finally:
-        torch.set_grad_enabled(True)
     worst = max(((_error(v, exact[k]), k) for k, v in want_state.items()
                  if v.is_floating_point() and k in exact), default=(0.0, ""))
     return f"PyTorch's own float32 step is off its float64 step by {worst[0]:.2g} ({worst[1]})"

@@ -19,8 +19,6 @@ from pipelines.transform.split_as_slices import SplitAsSlices
 from pipelines.transform.update_in_place import UpdateInPlace
 
 __all__ = ["BoolOpsAsInts", "EmptyConstantsAsZeros", "FlattenTakeIndices", "FoldConstantReshapes",
-           "FreezeStatistics",
-           "FrozenNormsElementwise", "FuseSoftmaxCrossEntropy", "IsolateGemms", "MaxPoolGradInBounds",
-           "PlainPowers",
-           "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates",
-           "SplitAsSlices", "UpdateInPlace"]
+           "FreezeStatistics", "FrozenNormsElementwise", "FuseSoftmaxCrossEntropy", "IsolateGemms",
+           "MaxPoolGradInBounds", "PlainPowers", "PruneFrozenUpdates", "RecomputeActivations",
+           "ReorderUpdates", "SliceChannelUpdates", "SplitAsSlices", "UpdateInPlace"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from pipelines.ir import static_float32_shape, with_attrs_of
+from pipelines.ir import op_name, static_float32_shape, with_attrs_of
 from pipelines.kernels.max_pool_grad import LAYOUTS, max_pool2d_grad
 
 
@@ -32,7 +32,7 @@ def _takes(call) -> bool:
 class _InBounds(relax.PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if getattr(call.op, "name", "") != "relax.grad.max_pool2d_backward" or not _takes(call):
+        if op_name(call) != "relax.grad.max_pool2d_backward" or not _takes(call):
             return call
         attrs = call.attrs
         return self.builder_.call_te(
