@@ -2,9 +2,13 @@
 coverage/dvc.yaml): its architecture list and shrunk configs, the table it writes, and in the
 slow lane a sample of it (a dense decoder, a mixture-of-experts decoder, an encoder
 classifier) through the chain, each matching PyTorch's step with the class's own loss."""
-import pytest
+from types import SimpleNamespace
 
-from pipelines.coverage.check import PHASES, TASKS, architectures, check, summary, tiny_config
+import pytest
+import torch
+
+from pipelines.coverage.check import (PHASES, TASKS, _float32_spread, _pytorch_step, architectures,
+                                      check, summary, tiny_config)
 from pipelines.coverage.run import run_all
 from pipelines.coverage.table import cause, render
 
@@ -39,6 +43,7 @@ def test_shrinking_keeps_a_config_consistent_with_itself():
     assert latent.qk_head_dim == latent.qk_nope_head_dim + latent.qk_rope_head_dim
     assert latent.num_key_value_heads == latent.num_attention_heads
     assert tiny_config("dinov2").out_features == ["stage2"]  # a backbone's last stage
+    assert tiny_config("data2vec-vision").out_indices == [1]  # a layer's index: the last
     assert tiny_config("resnet").depths == [1, 1, 1, 1]  # a block per stage
     gptj = tiny_config("gptj")  # its rotary share within a head
     assert gptj.rotary_dim <= gptj.n_embd // gptj.n_head
@@ -67,6 +72,32 @@ def test_failures_group_by_cause_whatever_the_numbers_and_names():
     assert "| 2 | differentiates: MissingGradientRule: operator relax.foo" in table
     assert set(PHASES) <= set(table.split("| task | architectures | ")[1].split("\n")[0]
                               .replace(" ", "").split("|"))
+
+
+class _Units(torch.nn.Module):
+    """64 units w * x + b whose sums lie 2^-22 above 0 (a rounding of b's -1 + 2^-22 away),
+    through ``activation``; the loss is their sum."""
+
+    def __init__(self, activation):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(64))
+        self.b = torch.nn.Parameter(torch.full((64,), -1 + 2.0 ** -22))
+        self.activation = activation
+
+    def forward(self, x, labels=None, return_dict=True):
+        return SimpleNamespace(loss=self.activation(self.w * x + self.b).sum())
+
+
+@pytest.mark.parametrize("activation, moves", [(torch.relu, True), (torch.tanh, False)])
+def test_pytorchs_own_spread_is_large_where_a_relu_sits_at_a_rounding_from_zero(activation,
+                                                                                 moves):
+    """A unit a rounding above 0 takes a gradient of 1 or 0 depending on that rounding: 8 ulps
+    on the weights move PyTorch's own step by 0.1 (lr 0.1) there, and by 1e-6 through tanh."""
+    module, batch = _Units(activation), {"x": torch.ones(64), "labels": torch.zeros(1)}
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    _, want_state, _ = _pytorch_step(module, type(module), ["x"], batch)
+    spread = _float32_spread(module, type(module), ["x"], batch, state, want_state)
+    assert (spread > 0.05) if moves else (spread < 1e-5), spread
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ def run_all(records_path: Path, work: Path, code: str, timeout_s: float, jobs: i
     todo = [a for a in chain(*zip_longest(*by_mapping)) if a is not None]
     deadline = time.monotonic() + 60 * minutes if minutes else None
     with ThreadPoolExecutor(jobs) as pool:  # each job waits on a process of its own
-        running = [pool.submit(_in_a_process, *a, work / a[2], timeout_s, deadline)
+        running = [pool.submit(_in_a_process, *a, work / f"{a[1]}-{a[2]}", timeout_s, deadline)
                    for a in todo]
         for future in progress(as_completed(running), desc="coverage", total=len(running),
                                unit="architecture"):

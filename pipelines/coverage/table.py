@@ -30,7 +30,9 @@ def render(records: list[dict], expected: int) -> str:
              "sequence- and image-classification auto mappings, shrunk (2 layers, small widths, "
              "seeded), one full-BP SGD step compiled and compared with PyTorch's step with the "
              "class's own loss. `ok`: the loss and every tensor within 1e-4 of its scale, the "
-             "trained set PyTorch's. Otherwise the first phase it does not pass.",
+             "trained set PyTorch's; `noise`: a tensor further off, but no further than "
+             "PyTorch's own step moves when its weights move by 8 float32 ulps "
+             "(docs/frontends.md). Otherwise the first phase it does not pass.",
              "",
              f"Checked: {len(records)} of the {expected} architectures"
              + ("." if len(records) >= expected else
