@@ -1,8 +1,8 @@
 """A user's own modules built around the layers and tensor operations common models use
 (tests/frontends/operator_corpus.py: 1-D and 3-D convs, transposed convs, group norm, pooling
 variants, interpolation, embedding bags, gather/scatter, cumsum, einsum, masked fills,
-strided slices, top-k routing, an indexer no gradient reaches, a fixed parameter, an empty
-split section) compile through the one chain, train the parameters PyTorch's loss gives a
+strided slices, top-k routing, a reshaped layer scale, an indexer no gradient reaches, a fixed
+parameter, an empty split section) compile through the one chain, train the parameters PyTorch's loss gives a
 gradient, and take three full-BP SGD-momentum steps as PyTorch does: the loss and every tensor
 within rtol 1e-4 (conftest.assert_steps_match)."""
 import numpy as np
@@ -16,7 +16,7 @@ from pipelines.models.pytorch import selection_of, task_loss
 
 OPT = SGD(kind="sgd", lr=0.05, momentum=0.9)
 ENTRIES = ["conv1d_mixer", "conv3d_net", "transposed_convs", "pools", "gather_scatter",
-           "strided_rotary", "top_k_router", "indexed_router"]
+           "strided_rotary", "top_k_router", "indexed_router", "layer_scale"]
 
 
 @pytest.mark.slow

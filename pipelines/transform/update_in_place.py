@@ -137,6 +137,38 @@ def _candidates(mod: tvm.IRModule, block, replaces: dict, live_out: set) -> dict
     return found
 
 
+def _reshapes(kernel: tirx.PrimFunc) -> bool:
+    """Whether ``kernel`` only reshapes once its intermediate blocks are inlined, as the CPU
+    schedules inline them (two ``expand_dims`` fused are two blocks until then)."""
+    try:
+        sch = s_tir.Schedule(kernel)
+        for block in sch.get_child_blocks(sch.get_sblock("root"))[:-1]:
+            sch.compute_inline(block)
+    except ScheduleError:
+        return relax.analysis.has_reshape_pattern(kernel)
+    return relax.analysis.has_reshape_pattern(sch.mod["main"])
+
+
+def _views(mod: tvm.IRModule, block) -> dict:
+    """Binding var -> the variables whose storage it may share: the build turns a kernel that
+    only reshapes (an ``expand_dims`` of a layer scale) into a view of its input
+    (RewriteDataflowReshape), so what reads the view reads the state after it was updated."""
+    views: dict = {}
+    for b in block.bindings:
+        call = b.value
+        if not isinstance(call, relax.Call):
+            continue
+        name = getattr(call.op, "name", "")
+        if name == "relax.call_tir" and _reshapes(mod[call.args[0]]):
+            sources = [a for a in call.args[1].fields if isinstance(a, relax.Var)]
+        elif name == "relax.reshape":
+            sources = [call.args[0]]
+        else:
+            continue
+        views[b.var] = {root for v in sources for root in views.get(v, {v})}
+    return views
+
+
 def _readers(block, used: dict) -> dict:
     """Each variable -> the bindings that read it (``used``: binding var -> what it reads)."""
     readers: dict = {}
@@ -196,7 +228,9 @@ def _in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
     # storage for them unless it is their last reader already.
     kinds = classify(func, update_owners(signature))
     position = {b.var: i for i, b in enumerate(block.bindings)}
-    used = {b.var: uses(b.value) for b in block.bindings}
+    views = _views(mod, block)  # a view's reader reads what it views
+    used = {b.var: [*(read := uses(b.value)), *(s for v in read for s in views.get(v, ()))]
+            for b in block.bindings}
     read_by = _readers(block, used)
     for var in [v for v in candidates if kinds[v] != "update"]:
         states = [block.bindings[position[var]].value.args[1].fields[j]

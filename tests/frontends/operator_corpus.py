@@ -94,6 +94,30 @@ def pools(batch_size: int):
     return Pools(), {"x": torch.randn(batch_size, 3, 10, 10)}
 
 
+class LayerScale(nn.Module):
+    """A PoolFormer block: a residual branch scaled per channel by a small learned vector,
+    reshaped to [channels, 1, 1], which the backward pass reads again after the vector's
+    own update could have been written (the update in place waits for every reader)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(1, 8)
+        self.mix = nn.Conv2d(8, 8, 1)
+        self.scale = nn.Parameter(torch.full((8,), 1e-2))
+        self.head = nn.Linear(8, CLASSES)
+
+    def forward(self, x):
+        h = self.conv(x)
+        pooled = nn.functional.avg_pool2d(self.norm(h), 3, 1, 1, count_include_pad=False)
+        h = h + self.scale[:, None, None] * self.mix(pooled)
+        return self.head(h.mean((2, 3)))
+
+
+def layer_scale(batch_size: int):
+    return LayerScale(), {"x": torch.randn(batch_size, 3, 8, 8)}
+
+
 class GatherScatter(nn.Module):
     """Integer-indexed reads and writes: an embedding bag, gather along an axis, a scatter-add
     of rows, a cumulative sum, an einsum, and a masked fill with a mask made from the input."""
