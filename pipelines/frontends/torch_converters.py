@@ -1,6 +1,7 @@
 """Converters for core ATen operators that TVM 0.27's exported-program importer does not
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
-``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``; ``topk`` with
+``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``; ``index.Tensor``
+with a negative index, which TVM's conversion reads out of bounds; ``topk`` with
 ``sorted=False`` (mixture-of-experts routing), which TVM refuses; ``cat`` with an empty 1-D
 operand (which PyTorch skips; a multimodal model's absent image features); and for 2-D
 interpolation, which TVM converts to ``image.resize2d``, an op with no gradient. Each emits
@@ -10,13 +11,14 @@ A converter takes (FX node, importer) and returns the Relax value, as TVM's own 
 from __future__ import annotations
 
 import operator
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 from tvm import relax
-from tvm.relax.op import (astype, concat, divide, expand_dims, greater_equal, less,
+from tvm.relax.op import (add, astype, concat, divide, expand_dims, greater_equal, less,
                           logical_and, matmul, max as rmax, maximum, multiply, not_equal,
-                          scatter_elements, strided_slice, sum as rsum, take)
+                          scatter_elements, strided_slice, sum as rsum, take, where)
 from tvm.relax.op.nn import max_pool2d
 
 from pipelines.ir import dtype_of, shape_of
@@ -49,6 +51,22 @@ def scatter_add(node, importer):
         src = strided_slice(src, list(range(len(shape_of(index)))), [0] * len(shape_of(index)),
                             shape_of(index))
     return importer.block_builder.emit(scatter_elements(x, index, src, int(dim), "add"))
+
+
+def index_tensor(node, importer):
+    """aten.index.Tensor(x, indices): PyTorch counts a negative index from the end of its axis
+    (Falcon's multi-query attention reads its key and value heads at [-2] and [-1]); TVM's
+    conversion takes it as it is, a read before the tensor. Each index is wrapped first, then
+    converted as TVM does."""
+    x, indices = importer.retrieve_args(node)[:2]
+    wrapped = []
+    for axis, index in enumerate(indices):
+        if index is not None and "int" in dtype_of(index):
+            size = relax.const(shape_of(x)[axis], dtype_of(index))
+            index = importer.block_builder.emit(where(
+                less(index, relax.const(0, dtype_of(index))), add(index, size), index))
+        wrapped.append(index)
+    return importer._index_tensor(SimpleNamespace(args=(x, wrapped), kwargs={}))
 
 
 def embedding_bag(node, importer):
@@ -153,6 +171,7 @@ CONVERTERS = {
     "upsample_bicubic2d.vec": interpolate,
     "amax.default": amax,
     "scatter_add.default": scatter_add,
+    "index.Tensor": index_tensor,
     "_embedding_bag.default": embedding_bag,
     "adaptive_max_pool2d.default": adaptive_max_pool2d,
     "topk.default": topk,

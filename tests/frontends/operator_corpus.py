@@ -120,7 +120,8 @@ def layer_scale(batch_size: int):
 
 class GatherScatter(nn.Module):
     """Integer-indexed reads and writes: an embedding bag, gather along an axis, a scatter-add
-    of rows, a cumulative sum, an einsum, and a masked fill with a mask made from the input."""
+    of rows, rows read by negative indices (from the end, as Falcon reads its key and value
+    heads), a cumulative sum, an einsum, and a masked fill with a mask made from the input."""
 
     def __init__(self):
         super().__init__()
@@ -137,7 +138,8 @@ class GatherScatter(nn.Module):
         running = torch.cumsum(h, 1)
         attention = torch.einsum("bid,bjd->bij", h, h).masked_fill(x[:, :, :1] > 0, -1e4)
         mixed = torch.einsum("bij,bjd->bid", attention.softmax(-1), h)
-        return self.head(bag + (picked + summed + running + mixed).mean(1))
+        last = h[:, [-1, -2]].mean(1)                             # [b, 6]
+        return self.head(bag + last + (picked + summed + running + mixed).mean(1))
 
 
 def gather_scatter(batch_size: int):
