@@ -1,7 +1,9 @@
 """Converters for core ATen operators that TVM 0.27's exported-program importer does not
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
 ``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``; ``index.Tensor``
-with a negative index, which TVM's conversion reads out of bounds; ``topk`` with
+with a negative index, which TVM's conversion reads out of bounds; ops PyTorch computes in
+floating point from integer inputs (``log``, ``sqrt``, true division: FLOAT_RESULTS), which
+TVM's refuse or compute in integers; ``topk`` with
 ``sorted=False`` (mixture-of-experts routing), which TVM refuses; ``cat`` with an empty 1-D
 operand (which PyTorch skips; a multimodal model's absent image features); and for 2-D
 interpolation, which TVM converts to ``image.resize2d``, an op with no gradient. Each emits
@@ -163,6 +165,38 @@ def interpolate(node, importer):
     rows_mixed = matmul(relax.const(along_h.numpy().astype(dtype)), x)
     return importer.block_builder.emit(
         matmul(rows_mixed, relax.const(along_w.numpy().astype(dtype))))
+
+
+# ops whose result PyTorch makes floating point whatever its inputs' dtype
+FLOAT_RESULTS = [f"{op}.default" for op in (
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "exp", "expm1",
+    "log", "log2", "log10", "log1p", "reciprocal", "rsqrt", "sigmoid", "sin", "sinh", "sqrt",
+    "tan", "tanh")] + ["div.Scalar", "div.Tensor"]
+
+
+def float_inputs(convert):
+    """TVM's converter ``convert`` of an op of FLOAT_RESULTS, its integer inputs cast to the
+    result's dtype first, as PyTorch promotes them (Ministral 3's attention scale is the log
+    of a position; JetMoE divides an integer count)."""
+
+    def promoted(node, importer):
+        want = getattr(node.meta.get("val"), "dtype", None)
+        if want is None or not want.is_floating_point:
+            return convert(node)
+        saved = {}
+        for arg in node.args:
+            value = importer.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+            if isinstance(getattr(value, "ty", None), relax.TensorType) and \
+                    "float" not in dtype_of(value):
+                saved[arg] = value
+                importer.env[arg] = importer.block_builder.emit(
+                    astype(value, str(want).removeprefix("torch.")))
+        try:
+            return convert(node)
+        finally:
+            importer.env.update(saved)
+
+    return promoted
 
 
 CONVERTERS = {

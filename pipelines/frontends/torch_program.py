@@ -20,7 +20,7 @@ from tvm.relax.frontend.torch.exported_program_translator import ExportedProgram
 
 from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
 from pipelines.frontends.layers import tied_parameters
-from pipelines.frontends.torch_converters import CONVERTERS
+from pipelines.frontends.torch_converters import CONVERTERS, FLOAT_RESULTS, float_inputs
 from pipelines.ir import FIXED_PARAMETERS, PADDING_ROWS, dtype_of, shape_of, tensor_type
 
 
@@ -115,6 +115,8 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
     importer = ExportedProgramImporter()
     converters = {name: _recording(fn, produced, takes_importer=False)
                   for name, fn in importer.convert_map.items()}
+    converters.update({name: _recording(float_inputs(importer.convert_map[name]), produced,
+                                        takes_importer=True) for name in FLOAT_RESULTS})
     converters.update({name: _recording(fn, produced, takes_importer=True)
                        for name, fn in CONVERTERS.items()})
     converters["_native_batch_norm_legit_functional.default"] = _recording(

@@ -121,7 +121,7 @@ def layer_scale(batch_size: int):
 class GatherScatter(nn.Module):
     """Integer-indexed reads and writes: an embedding bag, gather along an axis, a scatter-add
     of rows, rows read by negative indices (from the end, as Falcon reads its key and value
-    heads), a cumulative sum, an einsum, and a masked fill with a mask made from the input."""
+    heads) scaled by the log and quotient of integers, a cumulative sum, an einsum, and a masked fill with a mask made from the input."""
 
     def __init__(self):
         super().__init__()
@@ -138,7 +138,9 @@ class GatherScatter(nn.Module):
         running = torch.cumsum(h, 1)
         attention = torch.einsum("bid,bjd->bij", h, h).masked_fill(x[:, :, :1] > 0, -1e4)
         mixed = torch.einsum("bij,bjd->bid", attention.softmax(-1), h)
-        last = h[:, [-1, -2]].mean(1)                             # [b, 6]
+        # PyTorch computes log and true division of integers in floating point
+        scale = torch.log(ids[:, :1] + 2) + ids[:, 1:2] / 7       # [b, 1]
+        last = h[:, [-1, -2]].mean(1) * scale                     # [b, 6]
         return self.head(bag + last + (picked + summed + running + mixed).mean(1))
 
 
