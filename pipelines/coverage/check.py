@@ -10,9 +10,10 @@ fails), ``imports`` (export, import or lowering), ``differentiates`` (the traini
 ``builds``, ``steps`` (the compiled step fails), ``matches`` (the loss, every updated weight
 within ``RTOL`` of the tensor's scale (plus ``ATOL``), the trained set equal to PyTorch's:
 the parameters that get a gradient), ``noise`` (a weight off by more than ``RTOL``, but by no
-more than PyTorch's own step moves when its weights move by 8 float32 ulps: a ReLU input
-a rounding away from 0 passes or drops its gradient), or ``ok``. A causal LM whose class's own loss does not
-shift the labels (BART's decoder) is compiled with the per-position loss (``masked_lm``).
+more than PyTorch's own step moves when its weights move by 8 float32 ulps: a ReLU input a
+rounding away from 0 passes or drops its gradient), or ``ok``. A causal LM whose class's own
+loss does not shift the labels (BART's decoder) is compiled with the per-position loss
+(``masked_lm``).
 """
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ TASKS = {  # auto mapping -> (the step's task, its inputs)
 # in order; "crashed": the process died (a segfault) or ran out of time
 PHASES = ["config", "pytorch", "imports", "differentiates", "builds", "steps", "matches",
           "noise", "ok", "crashed"]
-RTOL, ATOL = 1e-4, 1e-6
-NUDGE = 2.0 ** -20  # 8 float32 ulps: less than PyTorch's own float32 activations are off
-# exact ones (docs/frontends.md, on coverage.md)  # ATOL: float32 noise on a tensor near 0 (a zero-initialised bias
+RTOL, ATOL = 1e-4, 1e-6  # ATOL: float32 noise on a tensor near 0 (a zero-initialised bias
 # whose gradient is 0 in exact arithmetic: attention keys' bias)
+NUDGE = 2.0 ** -20  # 8 float32 ulps: less than PyTorch's own float32 activations are off
+# exact ones (docs/frontends.md, on coverage.md)
 # 64 x 64 images and one block per stage (below): at 32 x 32 a ResNet's last stage is 1 x 1,
 # its batch norms normalise 2 values, and PyTorch's own float32 step is 39 times a weight's
 # scale off its float64 step: no float32 step can be checked against it

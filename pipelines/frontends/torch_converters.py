@@ -1,9 +1,9 @@
 """Converters for core ATen operators that TVM 0.27's exported-program importer does not
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
-``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``; ``index.Tensor``
-with a negative index, which TVM's conversion reads out of bounds; ops PyTorch computes in
-floating point from integer inputs (``log``, ``sqrt``, true division: FLOAT_RESULTS), which
-TVM's refuse or compute in integers; ``topk`` with
+``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``;
+``index.Tensor`` with a negative index, which TVM's conversion reads out of bounds; ops PyTorch
+computes in floating point from integer inputs (``log``, ``sqrt``, true division:
+FLOAT_RESULTS), which TVM's refuse; ``topk`` with
 ``sorted=False`` (mixture-of-experts routing), which TVM refuses; ``cat`` with an empty 1-D
 operand (which PyTorch skips; a multimodal model's absent image features); and for 2-D
 interpolation, which TVM converts to ``image.resize2d``, an op with no gradient. Each emits
@@ -177,7 +177,7 @@ FLOAT_RESULTS = [f"{op}.default" for op in (
 def float_inputs(convert):
     """TVM's converter ``convert`` of an op of FLOAT_RESULTS, its integer inputs cast to the
     result's dtype first, as PyTorch promotes them (Ministral 3's attention scale is the log
-    of a position; JetMoE divides an integer count)."""
+    of a position)."""
 
     def promoted(node, importer):
         want = getattr(node.meta.get("val"), "dtype", None)
