@@ -2,7 +2,8 @@
 rule that MobileNetV2 relies on, against PyTorch autograd: d/d(inputs) of sum(op(inputs) * r)
 for a random r. Tolerance: rtol 1e-4, atol 1e-5 (elementwise rules, slices); batch norm and
 layer norm rtol 1e-3, atol 1e-4 (reductions over the batch); depthwise conv rtol and atol 1e-4;
-index_tensor, gather_nd, max/min (ties shared as amax) and tril rtol 1e-4, atol 1e-5.
+index_tensor, index_put, gather_nd, max/min (ties shared as amax) and tril rtol 1e-4, atol
+1e-5.
 An op without a rule is named with its binding, and the training graph's error names the
 PyTorch layer it came from."""
 import numpy as np
@@ -209,6 +210,24 @@ def test_index_tensor_matches_autograd_with_repeated_and_negative_indices():
         a, relax.Tuple([relax.const(rows), relax.const(cols)])), [x.shape], [x], w)
     want = torch_grads(lambda a: a[torch.tensor(rows), torch.tensor(cols)], [x], w)
     np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_matches_autograd_for_the_tensor_and_the_values_written(accumulate):
+    """x[rows, cols] = v (or += v), v broadcast along the positions; one position counted
+    from the end."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 6)).astype("float32")
+    v = rng.standard_normal((1,)).astype("float32")
+    rows, cols = np.array([0, 4, 2, -1]), np.array([1, 5, 0, -2])
+    w = rng.standard_normal(x.shape).astype("float32")
+    got = relax_grads(lambda a, b: relax.op.index_put(
+        a, relax.Tuple([relax.const(rows), relax.const(cols)]), b, accumulate),
+        [x.shape, v.shape], [x, v], w)
+    want = torch_grads(lambda a, b: torch.index_put(
+        a, (torch.tensor(rows), torch.tensor(cols)), b, accumulate), [x, v], w)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, **TOL)
 
 
 def test_gather_nd_matches_autograd_with_repeated_and_negative_indices():

@@ -1,10 +1,10 @@
 """Converters for core ATen operators that TVM 0.27's exported-program importer does not
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
 ``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``;
-``index.Tensor`` with a negative index, which TVM's conversion reads out of bounds; ops PyTorch
-computes in floating point from integer inputs (``log``, ``sqrt``, true division:
-FLOAT_RESULTS), which TVM's refuse; ``topk`` with
-``sorted=False`` (mixture-of-experts routing), which TVM refuses; ``cat`` with an empty 1-D
+``index.Tensor`` as PyTorch indexes (TVM's conversion read a negative index out of bounds);
+ops PyTorch computes in floating point from integer inputs (``log``, ``sqrt``, true division:
+FLOAT_RESULTS), which TVM's refuse; ``topk`` with ``sorted=False`` (mixture-of-experts
+routing), which TVM refuses; ``cat`` with an empty 1-D
 operand (which PyTorch skips; a multimodal model's absent image features); and for 2-D
 interpolation, which TVM converts to ``image.resize2d``, an op with no gradient. Each emits
 Relax operators that have gradient rules, so the layer trains.
@@ -13,14 +13,14 @@ A converter takes (FX node, importer) and returns the Relax value, as TVM's own 
 from __future__ import annotations
 
 import operator
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 from tvm import relax
 from tvm.relax.op import (add, astype, concat, divide, expand_dims, greater_equal, less,
                           logical_and, matmul, max as rmax, maximum, multiply, not_equal,
-                          scatter_elements, strided_slice, sum as rsum, take, where)
+                          permute_dims, scatter_elements, strided_slice, sum as rsum, take,
+                          where)
 from tvm.relax.op.nn import max_pool2d
 
 from pipelines.ir import dtype_of, shape_of
@@ -56,19 +56,34 @@ def scatter_add(node, importer):
 
 
 def index_tensor(node, importer):
-    """aten.index.Tensor(x, indices): PyTorch counts a negative index from the end of its axis
-    (Falcon's multi-query attention reads its key and value heads at [-2] and [-1]); TVM's
-    conversion takes it as it is, a read before the tensor. Each index is wrapped first, then
-    converted as TVM does."""
+    """aten.index.Tensor(x, indices): x indexed by tensors along some axes (None: the whole
+    axis), as PyTorch does it: the indices broadcast together and zipped; their result's axes
+    where the first indexed axis was when the indexed axes are adjacent, else first; a
+    negative index counted from the end (Falcon reads its key and value heads at [-2] and
+    [-1]). TVM's conversion read negative indices before the tensor and took two 1-D indices
+    with a whole axis before them (ConvBERT's) as an outer product."""
     x, indices = importer.retrieve_args(node)[:2]
-    wrapped = []
+    emit, rank = importer.block_builder.emit, len(shape_of(x))
+    if any(i is not None and "int" not in dtype_of(i) for i in indices):  # a boolean mask
+        return importer._index_tensor(node)
+    wrapped = {}
     for axis, index in enumerate(indices):
-        if index is not None and "int" in dtype_of(index):
+        if index is not None:
             size = relax.const(shape_of(x)[axis], dtype_of(index))
-            index = importer.block_builder.emit(where(
-                less(index, relax.const(0, dtype_of(index))), add(index, size), index))
-        wrapped.append(index)
-    return importer._index_tensor(SimpleNamespace(args=(x, wrapped), kwargs={}))
+            wrapped[axis] = emit(where(less(index, relax.const(0, dtype_of(index))),
+                                       add(index, size), index))
+    chosen = sorted(wrapped)
+    if len(chosen) == 1:
+        return emit(take(x, wrapped[chosen[0]], axis=chosen[0]))
+    rest = [a for a in range(rank) if a not in wrapped]
+    if chosen + rest != list(range(rank)):  # the indexed axes first: index_tensor's
+        x = emit(permute_dims(x, chosen + rest))
+    y = emit(relax.op.index_tensor(x, [wrapped[a] for a in chosen]))
+    first, zipped = chosen[0], len(shape_of(y)) - len(rest)
+    if first > 0 and chosen == list(range(first, first + len(chosen))):
+        y = emit(permute_dims(y, [zipped + j for j in range(first)] + list(range(zipped))
+                              + [zipped + j for j in range(first, len(rest))]))
+    return y
 
 
 def embedding_bag(node, importer):

@@ -2,8 +2,8 @@
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
 embeddings, with strides where they interleave; MiniLM: layer_norm and exact GELU, plus erf and
 tanh-approximated GELU; Hugging Face transformers: index_tensor (a classifier reading each
-sequence's last token; gather_nd, the same in an ONNX export), max/min and tril (attention
-masks); Keras: pad (ZeroPadding2D); a user's own modules: squeeze, topk, gather_elements and
+sequence's last token; gather_nd, the same in an ONNX export; index_put, MobileViT-v2's
+patch folding), max/min and tril (attention masks); Keras: pad (ZeroPadding2D); a user's own modules: squeeze, topk, gather_elements and
 scatter_elements (routing, torch.gather/scatter); slice_scatter (a slice written in place:
 linear attention's state, chunked caches) and tile (DiffLlama's heads)), the layers in
 layer_rules.py, and the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated
@@ -23,8 +23,8 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.op import (add, astype, broadcast_to, collapse_sum_to, divide, equal, erf, exp,
-                          expand_dims, gather_elements, greater, less, logical_and, mean,
-                          multiply, reshape, scatter_elements, scatter_nd, sqrt, stack,
+                          expand_dims, gather_elements, gather_nd, greater, less, logical_and,
+                          mean, multiply, reshape, scatter_elements, scatter_nd, sqrt, stack,
                           strided_slice, subtract, sum as rsum, tanh, tril, variance, where,
                           zeros_like)
 from tvm.relax.op.base import register_gradient
@@ -203,25 +203,50 @@ def pad_grad(orig_var, orig_call, output_grad, ctx):
                           [b + d for b, d in zip(low, dims)])]
 
 
+def _positions(indices, ctx, dims: list[int]):
+    """The index tensors of an advanced indexing of ``dims``' leading axes (a Relax tuple),
+    broadcast together, negative ones counted from the end as in PyTorch, stacked on a last
+    axis: scatter_nd's and gather_nd's positions."""
+    fields = (list(indices.fields) if isinstance(indices, relax.Tuple) else
+              [relax.TupleGetItem(indices, i) for i in range(len(indices.ty.fields))])
+    fields = [ctx.normalize(field) for field in fields]
+    common = list(np.broadcast_shapes(*(tuple(shape_of(f)) for f in fields)))
+    positions = []
+    for axis, field in enumerate(fields):
+        index = astype(broadcast_to(field, common), "int64")
+        wrapped = add(index, relax.const(dims[axis], "int64"))
+        positions.append(where(less(index, relax.const(0, "int64")), wrapped, index))
+    return stack(positions, axis=-1), common
+
+
 def index_tensor_grad(orig_var, orig_call, output_grad, ctx):
     """y = x[i0, i1, ...] (advanced indexing of the leading axes, the indices broadcast
     together; e.g. a classifier reading each sequence's last token): dx is zeros with dy added
     at the indexed positions, repeats accumulating, as PyTorch's index_put with accumulate."""
     x, indices = orig_call.args
-    fields = (list(indices.fields) if isinstance(indices, relax.Tuple) else
-              [relax.TupleGetItem(indices, i) for i in range(len(indices.ty.fields))])
-    fields = [ctx.normalize(field) for field in fields]
     dims = shape_of(x)
-    common = list(np.broadcast_shapes(*(tuple(shape_of(f)) for f in fields)))
-    positions = []
-    for axis, field in enumerate(fields):
-        index = astype(broadcast_to(field, common), "int64")
-        # negative positions count from the end, as in PyTorch
-        wrapped = add(index, relax.const(dims[axis], "int64"))
-        positions.append(where(less(index, relax.const(0, "int64")), wrapped, index))
+    positions, _ = _positions(indices, ctx, dims)
     zeros = relax.op.zeros(relax.ShapeExpr(dims), dtype_of(x))
-    return [scatter_nd(zeros, stack(positions, axis=-1), output_grad, reduction="add"),
-            no_grad(indices)]
+    return [scatter_nd(zeros, positions, output_grad, reduction="add"), no_grad(indices)]
+
+
+def index_put_grad(orig_var, orig_call, output_grad, ctx):
+    """y = index_put(x, (i0, i1, ...), v, accumulate): x with v written (or added) at the
+    positions (MobileViT-v2 folds its patches back with it). dx is dy, zero where v was
+    written over x; dv is dy read at the positions, summed over the axes v was broadcast
+    along. Positions written twice (not added) take the gradient of both writes."""
+    x, indices, values = orig_call.args
+    dims = shape_of(x)
+    positions, common = _positions(indices, ctx, dims)
+    picked = ctx.normalize(gather_nd(output_grad, positions))
+    dvalues = (picked if shape_of(picked) == shape_of(values)
+               else collapse_sum_to(picked, values.ty.shape))
+    if orig_call.attrs.accumulate:
+        return [output_grad, no_grad(indices), dvalues]
+    depth = len(orig_call.args[1].ty.fields)  # the axes indexed
+    zeros = relax.op.zeros(relax.ShapeExpr(common + dims[depth:]), dtype_of(x))
+    return [scatter_nd(output_grad, positions, zeros, reduction="update"), no_grad(indices),
+            dvalues]
 
 
 def gather_nd_grad(orig_var, orig_call, output_grad, ctx):
@@ -322,6 +347,7 @@ RULES = {
     "relax.strided_slice": strided_slice_grad,
     "relax.nn.pad": pad_grad,
     "relax.index_tensor": index_tensor_grad,
+    "relax.index_put": index_put_grad,
     "relax.gather_nd": gather_nd_grad,
     "relax.max": extremum_grad,
     "relax.min": extremum_grad,

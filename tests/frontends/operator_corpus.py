@@ -121,7 +121,7 @@ def layer_scale(batch_size: int):
 class GatherScatter(nn.Module):
     """Integer-indexed reads and writes: an embedding bag, gather along an axis, a scatter-add
     of rows, rows read by negative indices (from the end, as Falcon reads its key and value
-    heads) scaled by the log and quotient of integers, a cumulative sum, an einsum, and a
+    heads) scaled by the log and quotient of integers, elements picked by two index lists, a cumulative sum, an einsum, and a
     masked fill with a mask made from the input."""
 
     def __init__(self):
@@ -142,7 +142,8 @@ class GatherScatter(nn.Module):
         # PyTorch computes log and true division of integers in floating point
         scale = torch.log(ids[:, :1] + 2) + ids[:, 1:2] / 7       # [b, 1]
         last = h[:, [-1, -2]].mean(1) * scale                     # [b, 6]
-        return self.head(bag + last + (picked + summed + running + mixed).mean(1))
+        zipped = h[:, [0, 2, 4], [1, 3, 5]].mean(1, keepdim=True)  # [b, 1]: 3 elements
+        return self.head(bag + last + zipped + (picked + summed + running + mixed).mean(1))
 
 
 def gather_scatter(batch_size: int):
