@@ -2,9 +2,9 @@
 clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in rotary
 embeddings, with strides where they interleave; MiniLM: layer_norm and exact GELU, plus erf and
 tanh-approximated GELU; Hugging Face transformers: index_tensor (a classifier reading each
-sequence's last token; gather_nd, the same in an ONNX export; index_put, MobileViT-v2's
-patch folding), max/min and tril (attention masks); Keras: pad (ZeroPadding2D); a user's own modules: squeeze, topk, gather_elements and
-scatter_elements (routing, torch.gather/scatter); slice_scatter (a slice written in place:
+sequence's last token; gather_nd, the same in an ONNX export), max/min and tril (attention
+masks); Keras: pad (ZeroPadding2D); a user's own modules: squeeze, topk, gather_elements and
+scatter_elements (routing, torch.gather/scatter); index_put (x[i, j] = v); slice_scatter (a slice written in place:
 linear attention's state, chunked caches) and tile (DiffLlama's heads)), the layers in
 layer_rules.py, and the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated
 kernels: REPLACED).
@@ -232,7 +232,7 @@ def index_tensor_grad(orig_var, orig_call, output_grad, ctx):
 
 def index_put_grad(orig_var, orig_call, output_grad, ctx):
     """y = index_put(x, (i0, i1, ...), v, accumulate): x with v written (or added) at the
-    positions (MobileViT-v2 folds its patches back with it). dx is dy, zero where v was
+    positions (``x[i, j] = v`` or ``+=``, every axis indexed). dx is dy, zero where v was
     written over x; dv is dy read at the positions, summed over the axes v was broadcast
     along. Positions written twice (not added) take the gradient of both writes."""
     x, indices, values = orig_call.args

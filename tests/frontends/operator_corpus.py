@@ -121,8 +121,8 @@ def layer_scale(batch_size: int):
 class GatherScatter(nn.Module):
     """Integer-indexed reads and writes: an embedding bag, gather along an axis, a scatter-add
     of rows, rows read by negative indices (from the end, as Falcon reads its key and value
-    heads) scaled by the log and quotient of integers, elements picked by two index lists, a cumulative sum, an einsum, and a
-    masked fill with a mask made from the input."""
+    heads) scaled by the log and quotient of integers, elements picked by two index lists, a
+    cumulative sum, an einsum, and a masked fill with a mask made from the input."""
 
     def __init__(self):
         super().__init__()
