@@ -97,8 +97,11 @@ def rsqrt_grad(orig_var, orig_call, output_grad, ctx):
 def strided_slice_grad(orig_var, orig_call, output_grad, ctx):
     """y = x[begin:end:stride] along some axes (strides >= 1; every other channel, as in
     interleaved rotary embeddings): dx is dy spread back to the positions it was read from,
-    zeros elsewhere. Per axis: each dy element gets stride - 1 zeros after it, the trailing
-    ones are cut, and the result is padded to x's length."""
+    zeros elsewhere. Per axis, seen as groups of ``stride`` positions: dy is padded to one
+    element per group, each element gets its group's other positions as zeros around it (a
+    new axis, padded), and the groups past x's end are cut. No index is ever shifted back by
+    an offset: TVM's simplifier miscompiled the inlined kernel of the former construction
+    (dy spread from position 0, then padded by ``begin``) in DeepSeek's interleaved rotary."""
     x = orig_call.args[0]
     dims = shape_of(x)
     axes, begin, end = ([int(v.value) for v in arg.fields] for arg in orig_call.args[1:4])
@@ -106,22 +109,25 @@ def strided_slice_grad(orig_var, orig_call, output_grad, ctx):
                else [1] * len(axes))
     if any(s < 1 for s in strides):
         raise NotImplementedError(f"strided_slice gradient: strides >= 1 only (got {strides})")
-    grad, pad, shape = output_grad, [[0, 0] for _ in dims], list(shape_of(orig_var))
+    grad, shape = output_grad, list(shape_of(orig_var))
     for axis, b, e, stride in zip(axes, begin, end, strides):
         axis %= len(dims)
         b = min(max(b + dims[axis] if b < 0 else b, 0), dims[axis])
         e = min(max(e + dims[axis] if e < 0 else e, 0), dims[axis])
         count = max(0, -(-(e - b) // stride))
-        if stride > 1 and count:
+        groups, first = -(-dims[axis] // stride), b // stride
+        widths = [0, 0] * len(dims)
+        widths[2 * axis: 2 * axis + 2] = [first, groups - first - count]
+        grad = pad_zeros(grad, widths)
+        if stride > 1:
             widths = [0, 0] * (len(dims) + 1)
-            widths[2 * axis + 3] = stride - 1  # after each element, on a new axis
-            spread = shape[:axis] + [count * stride] + shape[axis + 1:]
-            grad = reshape(pad_zeros(expand_dims(grad, axis + 1), widths), spread)
-            grad = strided_slice(grad, [axis], [0], [(count - 1) * stride + 1])
-            shape[axis] = (count - 1) * stride + 1
-        pad[axis] = [b, dims[axis] - b - ((count - 1) * stride + 1 if count else 0)]
-    return [pad_zeros(grad, [p for pair in pad for p in pair])] + [
-        no_grad(arg) for arg in orig_call.args[1:]]
+            widths[2 * axis + 2: 2 * axis + 4] = [b % stride, stride - 1 - b % stride]
+            grad = reshape(pad_zeros(expand_dims(grad, axis + 1), widths),
+                           shape[:axis] + [groups * stride] + shape[axis + 1:])
+            if groups * stride > dims[axis]:
+                grad = strided_slice(grad, [axis], [0], [dims[axis]])
+        shape[axis] = dims[axis]
+    return [grad] + [no_grad(arg) for arg in orig_call.args[1:]]
 
 
 def squeeze_grad(orig_var, orig_call, output_grad, ctx):

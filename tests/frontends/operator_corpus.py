@@ -152,13 +152,16 @@ def gather_scatter(batch_size: int):
 
 
 class StridedRotary(nn.Module):
-    """Interleaved rotary embeddings (GPT-J, CodeGen): the even and odd channels, read with a
-    stride of 2, rotated and written back interleaved."""
+    """Interleaved rotary embeddings: GPT-J's and CodeGen's (the even and odd channels, read
+    with a stride of 2, rotated and written back interleaved) and DeepSeek's (the rotary tail
+    of each head, split off, its even and odd channels rotated and concatenated)."""
 
     def __init__(self):
         super().__init__()
         self.proj = nn.Linear(8, 8)
+        self.heads = nn.Linear(8, 48)                              # 4 heads of 8 + 4
         self.head = nn.Linear(8, CLASSES)
+        self.tail_head = nn.Linear(48, CLASSES)
 
     def forward(self, x):
         h = self.proj(x)                                           # [b, 6, 8]
@@ -166,7 +169,12 @@ class StridedRotary(nn.Module):
         even, odd = h[..., ::2], h[..., 1::2]
         rotated = torch.stack([even * angle.cos() - odd * angle.sin(),
                                even * angle.sin() + odd * angle.cos()], -1).flatten(-2)
-        return self.head(rotated[:, ::2].mean(1))
+        kept, tail = self.heads(x).view(*x.shape[:2], 4, 12).split([8, 4], -1)
+        cos, sin = angle[:, None, :2].cos(), angle[:, None, :2].sin()  # [6, 1, 2]
+        even, odd = tail[..., 0::2], tail[..., 1::2]
+        tail = torch.cat([even * cos - odd * sin, odd * cos + even * sin], -1)
+        deepseek = torch.cat([kept, tail], -1).flatten(-2)         # [b, 6, 48]
+        return self.head(rotated[:, ::2].mean(1)) + self.tail_head(deepseek.mean(1))
 
 
 def strided_rotary(batch_size: int):
