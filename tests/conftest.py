@@ -27,6 +27,23 @@ ROOT = Path(__file__).resolve().parents[1]
 HOST = {"kind": "llvm"}  # this machine's CPU, default schedules
 
 
+# The longest test files, longest first (the slow lane's --durations). pytest-xdist, run with
+# `--dist loadfile --no-loadscope-reorder` (.ci/run), hands files to whichever worker is free in
+# collection order, so the longest start first and both cores finish together; its own order
+# (most tests first) started the one-test end-to-end file last, on one core, after the rest.
+LONGEST_FIRST = ["test_pipeline_e2e.py", "test_hf_transformers.py", "test_train_step.py",
+                 "test_peers.py", "test_llm.py", "test_frontends.py", "test_docker.py",
+                 "test_gpu_bench.py", "test_tuning.py", "test_devices.py", "test_own_data.py",
+                 "test_coverage.py", "test_operator_corpus.py", "test_speed.py"]
+
+
+def pytest_collection_modifyitems(items):
+    """The files in LONGEST_FIRST's order, then the rest as collected; each file's tests stay
+    in their order (a stable sort)."""
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def model_section(**fields):
     """A model section (conf/model/<name>.yaml's keys), checked: its frontend's Config."""
     from pydantic import TypeAdapter

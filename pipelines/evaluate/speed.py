@@ -15,6 +15,10 @@ take their turn in later groups against the compiled step, interleaved the same 
 fits beside nothing takes turns with the compiled step, a fresh process of each per round.
 ``sgemm_peak`` measures what the machine's BLAS reaches (cuBLAS's for a GPU), the yardstick for
 GFLOP/s. On a GPU (``Spec.device``), each case's memory is also what it holds on the GPU.
+
+The timed cases are spawned (a fresh interpreter each: all they hold is their own); the checks
+around them (first losses, the sgemm peak) fork from one server that has imported PyTorch and
+TVM once (``in_fresh_process``), which would otherwise cost seconds a check.
 """
 from __future__ import annotations
 
@@ -54,6 +58,12 @@ class Spec:
     rounds: int = 1  # interleaved rounds the timed steps are split into
     min_seconds: float = 0.0  # timed seconds per case at least, over all rounds
     device: str = "cpu"  # "cuda": a CUDA build, and its peers on the same GPU
+
+
+# Imported once by the server the checks fork from. Importing runs no kernel, so no thread
+# pool (OpenMP's, TVM's) exists yet to be lost in a fork; each check sets its own thread
+# counts. One a machine lacks (TVM on a GPU host) is skipped.
+PRELOADED = ["numpy", "torch", "tvm", "pipelines.runtime.step", __name__]
 
 
 def make_step(case: str, spec: Spec):
@@ -184,6 +194,8 @@ def time_interleaved(spec: Spec, cases: list[str], available=available_bytes
     ``processes``: how many processes a case was timed in."""
     from pipelines.progress import progress
 
+    # spawned, not forked: a forked process faults its libraries' pages in as it runs them,
+    # which its resident memory would count as the case's own
     context = multiprocessing.get_context("spawn")
     times, memory = {case: [] for case in cases}, {}
     processes = dict.fromkeys(cases, 0)
@@ -253,11 +265,14 @@ def time_interleaved(spec: Spec, cases: list[str], available=available_bytes
 
 
 def in_fresh_process(function, *args):
-    """``function(*args)`` in a spawned process; a process that dies (a native crash) is a
-    BrokenProcessPool error here, not a hang."""
+    """``function(*args)`` in a process of its own, forked from a server that has imported
+    ``PRELOADED`` (not from this process and its state); a process that dies (a native crash)
+    is a BrokenProcessPool error here, not a hang."""
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOADED)
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
         return pool.submit(function, *args).result()
 
 
