@@ -3,7 +3,8 @@ convert and that common layers export to: ``amax`` (global max pooling, attentio
 ``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``;
 ``index.Tensor`` as PyTorch indexes (TVM's conversion read a negative index out of bounds);
 ops PyTorch computes in floating point from integer inputs (``log``, ``sqrt``, true division:
-FLOAT_RESULTS), which TVM's refuse; ``topk`` with ``sorted=False`` (mixture-of-experts
+FLOAT_RESULTS), which TVM's refuse; division rounded toward zero or down (``div`` with a
+``rounding_mode``) in its result's dtype; ``topk`` with ``sorted=False`` (mixture-of-experts
 routing), which TVM refuses; ``cat`` with an empty 1-D
 operand (which PyTorch skips; a multimodal model's absent image features); and for 2-D
 interpolation, which TVM converts to ``image.resize2d``, an op with no gradient. Each emits
@@ -17,10 +18,10 @@ import operator
 import numpy as np
 import torch
 from tvm import relax
-from tvm.relax.op import (add, astype, concat, divide, expand_dims, greater_equal, less,
-                          logical_and, matmul, max as rmax, maximum, multiply, not_equal,
-                          permute_dims, scatter_elements, strided_slice, sum as rsum, take,
-                          where)
+from tvm.relax.op import (add, astype, concat, divide, expand_dims, floor, floor_divide,
+                          floor_mod, greater_equal, less, logical_and, matmul, max as rmax,
+                          maximum, multiply, not_equal, permute_dims, scatter_elements,
+                          strided_slice, sum as rsum, take, trunc, where)
 from tvm.relax.op.nn import max_pool2d
 
 from pipelines.ir import dtype_of, shape_of
@@ -182,6 +183,31 @@ def interpolate(node, importer):
         matmul(rows_mixed, relax.const(along_w.numpy().astype(dtype))))
 
 
+def div_rounded(node, importer):
+    """aten.div.Tensor_mode(a, b, rounding_mode="trunc" or "floor") as PyTorch computes it: in
+    the result's dtype, a number operand a constant of that dtype, integers rounded toward
+    zero or down exactly. TVM's made the constant int64 beside any tensor and divided integers
+    in floating point (JetMoE's ``expert_index.div(top_k, rounding_mode="trunc")``)."""
+    mode = _arg(node, 2, None) or node.kwargs.get("rounding_mode")
+    if mode not in ("trunc", "floor"):
+        raise NotImplementedError(f"{node.name}: div rounding_mode {mode!r}; allowed: "
+                                  "'trunc', 'floor'")
+    want = str(node.meta["val"].dtype).removeprefix("torch.")
+    a, b = (relax.const(value, want) if not isinstance(value, relax.Expr)
+            else value if dtype_of(value) == want else astype(value, want)
+            for value in (importer.env.get(arg, arg) for arg in node.args[:2]))
+    emit = importer.block_builder.emit
+    if "float" in want:
+        return emit((trunc if mode == "trunc" else floor)(divide(a, b)))
+    down = emit(floor_divide(a, b))
+    if mode == "floor":
+        return down
+    # toward zero: one up from floor where the division is inexact and the signs differ
+    zero = relax.const(0, want)
+    up = logical_and(not_equal(floor_mod(a, b), zero), not_equal(less(a, zero), less(b, zero)))
+    return emit(where(up, add(down, relax.const(1, want)), down))
+
+
 # ops whose result PyTorch makes floating point whatever its inputs' dtype
 FLOAT_RESULTS = [f"{op}.default" for op in (
     "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "exp", "expm1",
@@ -225,4 +251,6 @@ CONVERTERS = {
     "adaptive_max_pool2d.default": adaptive_max_pool2d,
     "topk.default": topk,
     "cat.default": cat,
+    "div.Tensor_mode": div_rounded,
+    "div.Scalar_mode": div_rounded,
 }

@@ -119,10 +119,11 @@ def layer_scale(batch_size: int):
 
 
 class GatherScatter(nn.Module):
-    """Integer-indexed reads and writes: an embedding bag, gather along an axis, a scatter-add
-    of rows, rows read by negative indices (from the end, as Falcon reads its key and value
-    heads) scaled by the log and quotient of integers, elements picked by two index lists, a
-    cumulative sum, an einsum, and a masked fill with a mask made from the input."""
+    """Integer-indexed reads and writes: an embedding bag, gather along an axis and a
+    scatter-add of rows at indices divided with rounding, rows read by negative indices (from
+    the end, as Falcon reads its key and value heads) scaled by the log and quotient of
+    integers, elements picked by two index lists, a cumulative sum, an einsum, and a masked
+    fill with a mask made from the input."""
 
     def __init__(self):
         super().__init__()
@@ -133,9 +134,13 @@ class GatherScatter(nn.Module):
     def forward(self, ids, x):
         bag = self.bag(ids)                                        # [b, 6]
         h = self.proj(x)                                           # [b, 5, 6]
-        picked = torch.gather(h, 1, ids[:, :5, None].remainder(5).expand(-1, -1, 6))
-        summed = torch.zeros_like(h).scatter_add(1, ids[:, :5, None].remainder(5)
-                                                 .expand(-1, -1, 6), h)
+        # integer division rounded toward zero and down, of negative numbers too (JetMoE
+        # finds a token's row by its expert slot, rounded toward zero)
+        centred = ids[:, :5, None] - 50
+        toward_zero = centred.div(7, rounding_mode="trunc").remainder(5)
+        down = centred.div(7, rounding_mode="floor").remainder(5)
+        picked = torch.gather(h, 1, toward_zero.expand(-1, -1, 6))
+        summed = torch.zeros_like(h).scatter_add(1, down.expand(-1, -1, 6), h)
         running = torch.cumsum(h, 1)
         attention = torch.einsum("bid,bjd->bij", h, h).masked_fill(x[:, :, :1] > 0, -1e4)
         mixed = torch.einsum("bij,bjd->bid", attention.softmax(-1), h)
