@@ -159,7 +159,9 @@ def _views(mod: tvm.IRModule, block) -> dict:
         if not isinstance(call, relax.Call):
             continue
         name = getattr(call.op, "name", "")
-        if name == "relax.call_tir" and _reshapes(mod[call.args[0]]):
+        # a reshape reads one tensor (TVM's rewrite takes no other): only those are scheduled
+        if (name == "relax.call_tir" and len(call.args[1].fields) == 1
+                and _reshapes(mod[call.args[0]])):
             sources = [a for a in call.args[1].fields if isinstance(a, relax.Var)]
         elif name == "relax.reshape":
             sources = [call.args[0]]
