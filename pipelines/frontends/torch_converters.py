@@ -186,8 +186,8 @@ def interpolate(node, importer):
 def div_rounded(node, importer):
     """aten.div.Tensor_mode(a, b, rounding_mode="trunc" or "floor") as PyTorch computes it: in
     the result's dtype, a number operand a constant of that dtype, integers rounded toward
-    zero or down exactly. TVM's made the constant int64 beside any tensor and divided integers
-    in floating point (JetMoE's ``expert_index.div(top_k, rounding_mode="trunc")``)."""
+    zero or down exactly. TVM's made a number an int32 constant, which an int64 tensor cannot
+    be divided by (JetMoE's ``expert_index.div(top_k, rounding_mode="trunc")``)."""
     mode = _arg(node, 2, None) or node.kwargs.get("rounding_mode")
     if mode not in ("trunc", "floor"):
         raise NotImplementedError(f"{node.name}: div rounding_mode {mode!r}; allowed: "
