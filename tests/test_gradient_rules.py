@@ -130,14 +130,18 @@ def test_strided_slice_matches_autograd(axes, begin, end):
     np.testing.assert_allclose(got[0], want[0], **TOL)
 
 
-def test_constant_pad_matches_autograd():
-    """Keras's ZeroPadding2D: a constant pad, unequal on the two sides of an axis."""
+@pytest.mark.parametrize("widths", [
+    [0, 0, 0, 0, 0, 1, 2, 1],     # Keras's ZeroPadding2D: unequal on the two sides of an axis
+    [0, 0, 0, 0, -1, 1, 2, -2]])  # F.fold's export cuts its padding off by negative widths
+def test_constant_pad_matches_autograd(widths):
+    """A constant pad, widths in relax order: (low, high) per axis."""
     rng = np.random.default_rng(5)
     x = rng.standard_normal((2, 3, 4, 5)).astype("float32")
-    widths = [0, 0, 0, 0, 0, 1, 2, 1]  # relax order: (low, high) per axis
-    w = rng.standard_normal((2, 3, 5, 8)).astype("float32")
+    out = [d + lo + hi for d, lo, hi in zip(x.shape, widths[0::2], widths[1::2])]
+    w = rng.standard_normal(out).astype("float32")
     got = relax_grads(lambda a: relax.op.nn.pad(a, widths, "constant", 0.0), [x.shape], [x], w)
-    want = torch_grads(lambda a: torch.nn.functional.pad(a, (2, 1, 0, 1)), [x], w)
+    torch_widths = [v for pair in reversed(list(zip(widths[0::2], widths[1::2]))) for v in pair]
+    want = torch_grads(lambda a: torch.nn.functional.pad(a, torch_widths), [x], w)
     np.testing.assert_allclose(got[0], want[0], **TOL)
 
 

@@ -1,7 +1,8 @@
 """Converters for core ATen operators that TVM 0.27's exported-program importer does not
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
 ``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``;
-``index.Tensor`` as PyTorch indexes (TVM's conversion read a negative index out of bounds);
+``index.Tensor`` as PyTorch indexes (TVM's conversion read a negative index out of bounds)
+and ``index_put`` with whole axes among its indices (``F.fold``);
 ops PyTorch computes in floating point from integer inputs (``log``, ``sqrt``, true division:
 FLOAT_RESULTS), which TVM's refuse; division rounded toward zero or down (``div`` with a
 ``rounding_mode``) in its result's dtype; ``topk`` with ``sorted=False`` (mixture-of-experts
@@ -18,10 +19,10 @@ import operator
 import numpy as np
 import torch
 from tvm import relax
-from tvm.relax.op import (add, astype, concat, divide, expand_dims, floor, floor_divide,
-                          floor_mod, greater_equal, less, logical_and, matmul, max as rmax,
-                          maximum, multiply, not_equal, permute_dims, scatter_elements,
-                          strided_slice, sum as rsum, take, trunc, where)
+from tvm.relax.op import (add, astype, concat, divide, expand_dims, floor,
+                          floor_divide, floor_mod, greater_equal, less, logical_and, matmul,
+                          max as rmax, maximum, multiply, not_equal, permute_dims,
+                          scatter_elements, strided_slice, sum as rsum, take, trunc, where)
 from tvm.relax.op.nn import max_pool2d
 
 from pipelines.ir import dtype_of, shape_of
@@ -86,6 +87,42 @@ def index_tensor(node, importer):
                               + [zipped + j for j in range(first, len(rest))]))
     return y
 
+
+
+def index_put(node, importer):
+    """aten.index_put(x, indices, v, accumulate) with whole axes (None) among the indices, as
+    PyTorch writes it: ``x[:, :, i, j] = v`` (``F.fold``'s sum of patches, MobileViT-v2's).
+    Each whole axis becomes an arange along its own axis of the indexed shape (the zipped
+    indices' axes where the first indexed axis was when the indexed axes are adjacent, else
+    first, as PyTorch places them), so that every index and v broadcast to that shape. TVM's
+    conversion gave every whole axis's arange the same leading axis, which do not broadcast."""
+    x, indices, values = importer.retrieve_args(node)[:3]
+    if all(i is not None for i in indices) or any(
+            i is not None and "int" not in dtype_of(i) for i in indices):
+        return importer._index_put(node)
+    accumulate = bool(_arg(node, 3, node.kwargs.get("accumulate", False)))
+    emit, dims = importer.block_builder.emit, shape_of(x)
+    indices = list(indices) + [None] * (len(dims) - len(indices))
+    chosen = [a for a, i in enumerate(indices) if i is not None]
+    zipped = list(np.broadcast_shapes(*(tuple(shape_of(indices[a])) for a in chosen)))
+    first = chosen[0] if chosen == list(range(chosen[0], chosen[0] + len(chosen))) else 0
+    whole = [a for a in range(len(dims)) if indices[a] is None]
+    # the indexed shape: whole axes before ``first``, the zipped shape, the other whole axes
+    place = {a: k if k < first else k + len(zipped) for k, a in enumerate(whole)}
+    rank = len(whole) + len(zipped)
+    full = []
+    for axis, index in enumerate(indices):
+        if index is None:
+            shape = [1] * rank
+            shape[place[axis]] = dims[axis]
+            full.append(emit(relax.op.reshape(
+                relax.op.arange(0, dims[axis], 1, "int64"), shape)))
+        else:
+            shape = [1] * (len(zipped) - len(shape_of(index))) + shape_of(index)
+            index = relax.op.reshape(index, [1] * first + shape + [1] * (rank - first -
+                                                                     len(zipped)))
+            full.append(emit(astype(index, "int64")))
+    return emit(relax.op.index_put(x, relax.Tuple(full), values, accumulate))
 
 def embedding_bag(node, importer):
     """aten._embedding_bag(weight, indices, offsets, scale_grad, mode, sparse,
@@ -247,6 +284,7 @@ CONVERTERS = {
     "amax.default": amax,
     "scatter_add.default": scatter_add,
     "index.Tensor": index_tensor,
+    "index_put.default": index_put,
     "_embedding_bag.default": embedding_bag,
     "adaptive_max_pool2d.default": adaptive_max_pool2d,
     "topk.default": topk,

@@ -3,8 +3,8 @@ clip, batch_norm; the LLaMA-style decoder: rsqrt in RMSNorm, strided_slice in ro
 embeddings, with strides where they interleave; MiniLM: layer_norm and exact GELU, plus erf and
 tanh-approximated GELU; Hugging Face transformers: index_tensor (a classifier reading each
 sequence's last token; gather_nd, the same in an ONNX export), max/min and tril (attention
-masks); Keras: pad (ZeroPadding2D); a user's own modules: squeeze, topk, gather_elements and
-scatter_elements (routing, torch.gather/scatter); index_put (x[i, j] = v); slice_scatter (a
+masks); Keras: pad (ZeroPadding2D; negative widths cut, as F.fold's export does); a user's
+own modules: squeeze, topk, gather_elements and scatter_elements (routing, torch.gather/scatter); index_put (x[i, j] = v); slice_scatter (a
 slice written in place: linear attention's state, chunked caches) and tile (DiffLlama's
 heads)), the layers in layer_rules.py, and the ones TVM gets wrong (where, for broadcast
 operands; conv2d, for dilated kernels: REPLACED).
@@ -196,18 +196,23 @@ def tile_grad(orig_var, orig_call, output_grad, ctx):
 
 
 def pad_grad(orig_var, orig_call, output_grad, ctx):
-    """y = x padded with a constant (low, high per axis, both >= 0): dx is dy without the
-    padding, the slice where x sits."""
+    """y = x padded with a constant (low, high per axis; a negative width cuts, as PyTorch's
+    ``constant_pad_nd`` does after ``F.fold``): dx is the slice of dy where x's kept part
+    sits, padded with zeros where x was cut."""
     x = orig_call.args[0]
     widths = [int(w) for w in orig_call.attrs.pad_width]
-    if orig_call.attrs.pad_mode != "constant" or min(widths) < 0:
-        raise NotImplementedError("pad gradient: only constant padding of widths >= 0 (got "
-                                  f"{orig_call.attrs.pad_mode!r}, {widths})")
+    if orig_call.attrs.pad_mode != "constant":
+        raise NotImplementedError("pad gradient: only constant padding (got "
+                                  f"{orig_call.attrs.pad_mode!r})")
     dims = shape_of(x)
-    low = widths[0::2]
-    return [strided_slice(output_grad, list(range(len(dims))), low,
-                          [b + d for b, d in zip(low, dims)])]
-
+    low, high = widths[0::2], widths[1::2]
+    kept = [d - max(0, -lo) - max(0, -hi) for d, lo, hi in zip(dims, low, high)]
+    begin = [max(0, lo) for lo in low]
+    grad = strided_slice(output_grad, list(range(len(dims))), begin,
+                         [b + k for b, k in zip(begin, kept)])
+    if min(widths) >= 0:
+        return [grad]
+    return [pad_zeros(grad, [max(0, -w) for w in widths])]
 
 def _positions(indices, ctx, dims: list[int]):
     """The index tensors of an advanced indexing of ``dims``' leading axes (a Relax tuple),

@@ -235,3 +235,24 @@ class IndexedRouter(nn.Module):
 
 def indexed_router(batch_size: int):
     return IndexedRouter(), {"x": torch.randn(batch_size, 5, 6)}
+
+
+class Patches(nn.Module):
+    """Overlapping patches cut (``F.unfold``), mixed and summed back (``F.fold``: an
+    index_put that adds along whole batch and channel axes), as MobileViT-v2 does."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.mix = nn.Linear(36, 36)
+        self.head = nn.Linear(4, CLASSES)
+
+    def forward(self, x):
+        patches = nn.functional.unfold(torch.relu(self.conv(x)), 3, padding=1, stride=2)
+        h = nn.functional.fold(self.mix(patches.transpose(1, 2)).transpose(1, 2), (5, 5), 3,
+                               padding=1, stride=2)
+        return self.head(h.mean((2, 3)))
+
+
+def patches(batch_size: int):
+    return Patches(), {"x": torch.randn(batch_size, 3, 5, 5)}
