@@ -2,14 +2,14 @@
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
 ``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``;
 ``index.Tensor`` as PyTorch indexes (TVM's conversion read a negative index out of bounds)
-and ``index_put`` with whole axes among its indices (``F.fold``);
-ops PyTorch computes in floating point from integer inputs (``log``, ``sqrt``, true division:
-FLOAT_RESULTS), which TVM's refuse; division rounded toward zero or down (``div`` with a
-``rounding_mode``) in its result's dtype; ``topk`` with ``sorted=False`` (mixture-of-experts
-routing), which TVM refuses; ``cat`` with an empty 1-D
-operand (which PyTorch skips; a multimodal model's absent image features); and for 2-D
-interpolation, which TVM converts to ``image.resize2d``, an op with no gradient. Each emits
-Relax operators that have gradient rules, so the layer trains.
+and ``index_put`` with whole axes among its indices (``F.fold``); ops PyTorch computes in
+floating point from integer inputs (``log``, ``sqrt``, true division: FLOAT_RESULTS), which
+TVM's refuse; division rounded toward zero or down (``div`` with a ``rounding_mode``) in its
+result's dtype; ``arange`` counting down in integers; ``topk`` with ``sorted=False``
+(mixture-of-experts routing), which TVM refuses; ``cat`` with an empty 1-D operand (which
+PyTorch skips; a multimodal model's absent image features); and for 2-D interpolation, which
+TVM converts to ``image.resize2d``, an op with no gradient. Each emits Relax operators that
+have gradient rules, so the layer trains.
 
 A converter takes (FX node, importer) and returns the Relax value, as TVM's own do."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from tvm import relax
 from tvm.relax.op import (add, astype, concat, divide, expand_dims, floor,
                           floor_divide, floor_mod, greater_equal, less, logical_and, matmul,
-                          max as rmax, maximum, multiply, not_equal, permute_dims,
+                          max as rmax, maximum, multiply, negative, not_equal, permute_dims,
                           scatter_elements, strided_slice, sum as rsum, take, trunc, where)
 from tvm.relax.op.nn import max_pool2d
 
@@ -245,6 +245,19 @@ def div_rounded(node, importer):
     return emit(where(up, add(down, relax.const(1, want)), down))
 
 
+
+def arange(node, importer):
+    """aten.arange.start_step(start, end, step) counting down in integers, as PyTorch does:
+    negated, the count up from -start. TVM's length ceil-divides as for a step above zero
+    (arange(8, -8, -1) had 18 elements, not 16: Funnel's relative positions)."""
+    bounds = [_arg(node, 0, None), _arg(node, 1, None), _arg(node, 2, 1)]
+    if (any(not isinstance(b, int) for b in bounds) or bounds[2] > 0
+            or node.meta["val"].dtype.is_floating_point):
+        return importer._arange(node)
+    want = str(node.meta["val"].dtype).removeprefix("torch.")
+    start, end, step = bounds
+    return importer.block_builder.emit(negative(relax.op.arange(-start, -end, -step, want)))
+
 # ops whose result PyTorch makes floating point whatever its inputs' dtype
 FLOAT_RESULTS = [f"{op}.default" for op in (
     "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "exp", "expm1",
@@ -291,4 +304,5 @@ CONVERTERS = {
     "cat.default": cat,
     "div.Tensor_mode": div_rounded,
     "div.Scalar_mode": div_rounded,
+    "arange.start_step": arange,
 }

@@ -122,8 +122,8 @@ class GatherScatter(nn.Module):
     """Integer-indexed reads and writes: an embedding bag, gather along an axis and a
     scatter-add of rows at indices divided with rounding, rows read by negative indices (from
     the end, as Falcon reads its key and value heads) scaled by the log and quotient of
-    integers, elements picked by two index lists, a cumulative sum, an einsum, and a masked
-    fill with a mask made from the input."""
+    integers, elements picked by two index lists, rows reversed by a range counting down, a
+    cumulative sum, an einsum, and a masked fill with a mask made from the input."""
 
     def __init__(self):
         super().__init__()
@@ -148,7 +148,10 @@ class GatherScatter(nn.Module):
         scale = torch.log(ids[:, :1] + 2) + ids[:, 1:2] / 7       # [b, 1]
         last = h[:, [-1, -2]].mean(1) * scale                     # [b, 6]
         zipped = h[:, [0, 2, 4], [1, 3, 5]].mean(1, keepdim=True)  # [b, 1]: 3 elements
-        return self.head(bag + last + zipped + (picked + summed + running + mixed).mean(1))
+        # rows in reverse, by a range counting down past zero (Funnel's relative positions)
+        reverse = h[:, torch.arange(4, -1, -1)] * torch.arange(2, -3, -1)[None, :, None]
+        return self.head(bag + last + zipped
+                         + (picked + summed + running + mixed + reverse).mean(1))
 
 
 def gather_scatter(batch_size: int):
