@@ -5,11 +5,12 @@ convert and that common layers export to: ``amax`` (global max pooling, attentio
 and ``index_put`` with whole axes among its indices (``F.fold``); ops PyTorch computes in
 floating point from integer inputs (``log``, ``sqrt``, true division: FLOAT_RESULTS), which
 TVM's refuse; division rounded toward zero or down (``div`` with a ``rounding_mode``) in its
-result's dtype; ``arange`` counting down in integers; ``topk`` with ``sorted=False``
-(mixture-of-experts routing), which TVM refuses; ``cat`` with an empty 1-D operand (which
-PyTorch skips; a multimodal model's absent image features); and for 2-D interpolation, which
-TVM converts to ``image.resize2d``, an op with no gradient. Each emits Relax operators that
-have gradient rules, so the layer trains.
+result's dtype; ``arange`` counting down in integers; Fourier transforms (complex values held
+as ``view_as_real`` holds them); ``topk`` with ``sorted=False`` (mixture-of-experts
+routing), which TVM refuses; ``cat`` with an empty 1-D operand (which PyTorch skips; a
+multimodal model's absent image features); and for 2-D interpolation, which TVM converts to
+``image.resize2d``, an op with no gradient. Each emits Relax operators that have gradient
+rules, so the layer trains.
 
 A converter takes (FX node, importer) and returns the Relax value, as TVM's own do."""
 from __future__ import annotations
@@ -22,7 +23,8 @@ from tvm import relax
 from tvm.relax.op import (add, astype, concat, divide, expand_dims, floor,
                           floor_divide, floor_mod, greater_equal, less, logical_and, matmul,
                           max as rmax, maximum, multiply, negative, not_equal, permute_dims,
-                          scatter_elements, strided_slice, sum as rsum, take, trunc, where)
+                          scatter_elements, strided_slice, subtract, sum as rsum, take,
+                          trunc, where)
 from tvm.relax.op.nn import max_pool2d
 
 from pipelines.ir import dtype_of, shape_of
@@ -258,6 +260,88 @@ def arange(node, importer):
     start, end, step = bounds
     return importer.block_builder.emit(negative(relax.op.arange(-start, -end, -step, want)))
 
+
+# A complex tensor is held as PyTorch's view_as_real holds it: a float tensor with a last axis
+# of 2 (real, imaginary). Only the ops below read one, so any other reader is refused.
+COMPLEX_READERS = ("_fft_c2c.default", "_conj.default", "view_as_real.default")
+
+
+def _pair(real, imag):
+    """(real, imaginary) on a new last axis (concatenated: Relax's stack has no gradient)."""
+    return concat([expand_dims(real, -1), expand_dims(imag, -1)], axis=-1)
+
+
+def _complex(node, importer):
+    """``node``'s complex input as (real, imaginary) parts; the node's readers checked."""
+    for user in node.users:
+        if getattr(user.target, "__name__", None) not in COMPLEX_READERS:
+            raise NotImplementedError(f"{user.name} ({user.target}) reads the complex tensor "
+                                      f"{node.name}; only {', '.join(COMPLEX_READERS)} are "
+                                      "converted")
+    z = importer.env[node.args[0]]
+    if node.args[0].meta["val"].dtype.is_complex:
+        last = len(shape_of(z)) - 1
+        return [importer.block_builder.emit(take(z, relax.const(i, "int64"), axis=last))
+                for i in (0, 1)]
+    if "float" not in dtype_of(z):
+        raise NotImplementedError(f"{node.name}: a complex value of a {dtype_of(z)} tensor")
+    return [z, relax.op.zeros_like(z)]
+
+
+def _fourier(parts, dims, normalization: int, forward: bool, emit):
+    """The discrete Fourier transform of (real, imaginary) along each of ``dims`` as products
+    with its cosine and sine matrices (n x n: fine for the sequence and hidden sizes FNet
+    mixes), scaled as ``normalization`` says (0: none, 1: 1/sqrt(n), 2: 1/n)."""
+    shape, dtype = shape_of(parts[0]), dtype_of(parts[0])
+    rank = len(shape)
+    for dim in (int(d) % rank for d in dims):
+        n = shape[dim]
+        angle = 2 * np.pi * np.outer(np.arange(n), np.arange(n)) / n
+        scale = {0: 1.0, 1: 1 / np.sqrt(n), 2: 1 / n}[normalization]
+        cos = relax.const((np.cos(angle) * scale).astype(dtype))
+        sin = relax.const((np.sin(angle) * scale * (1 if forward else -1)).astype(dtype))
+        order = [a for a in range(rank) if a != dim] + [dim]
+        back = [order.index(a) for a in range(rank)]
+        real, imag = (permute_dims(part, order) for part in parts)
+        # (re + i im)(cos -+ i sin): re cos +- im sin, im cos -+ re sin
+        parts = [emit(permute_dims(add(matmul(real, cos), matmul(imag, sin)), back)),
+                 emit(permute_dims(subtract(matmul(imag, cos), matmul(real, sin)), back))]
+    return parts
+
+
+def to_complex(node, importer):
+    """aten._to_copy(x, dtype=complex64): x as the real part, zero imaginary part (FNet's
+    ``fftn(x).real``); any other copy is TVM's."""
+    dtype = node.kwargs.get("dtype")
+    if dtype is None or not dtype.is_complex:
+        return importer._to_copy(node)
+    return importer.block_builder.emit(_pair(*_complex(node, importer)))
+
+
+def fft(node, importer):
+    """aten._fft_c2c(z, dims, normalization, forward) and aten._fft_r2c(x, dims,
+    normalization, onesided) (``torch.fft.fft`` and its kin): the transform of ``_fourier``;
+    a one-sided one keeps the last axis' first n // 2 + 1."""
+    dims, normalization, last = node.args[1], int(node.args[2]), node.args[3]
+    emit, r2c = importer.block_builder.emit, "r2c" in node.target.__name__
+    parts = _fourier(_complex(node, importer), dims, normalization, r2c or bool(last), emit)
+    if r2c and last:
+        axis = int(dims[-1]) % len(shape_of(parts[0]))
+        kept = shape_of(parts[0])[axis] // 2 + 1
+        parts = [strided_slice(part, [axis], [0], [kept]) for part in parts]
+    return emit(_pair(*parts))
+
+
+def conj(node, importer):
+    """aten._conj(z): the imaginary part negated."""
+    real, imag = _complex(node, importer)
+    return importer.block_builder.emit(_pair(real, negative(imag)))
+
+
+def view_as_real(node, importer):
+    """aten.view_as_real(z): the complex tensor as held here already."""
+    return importer.env[node.args[0]]
+
 # ops whose result PyTorch makes floating point whatever its inputs' dtype
 FLOAT_RESULTS = [f"{op}.default" for op in (
     "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "exp", "expm1",
@@ -305,4 +389,9 @@ CONVERTERS = {
     "div.Tensor_mode": div_rounded,
     "div.Scalar_mode": div_rounded,
     "arange.start_step": arange,
+    "_to_copy.default": to_complex,
+    "_fft_c2c.default": fft,
+    "_fft_r2c.default": fft,
+    "_conj.default": conj,
+    "view_as_real.default": view_as_real,
 }

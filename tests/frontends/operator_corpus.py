@@ -9,8 +9,9 @@ CLASSES = 4
 
 
 class Conv1dMixer(nn.Module):
-    """A 1-D conv stem over [batch, channels, length] and an MLP-mixer block (token mixing by
-    a transposed linear), squeezed to the head."""
+    """A 1-D conv stem over [batch, channels, length], an MLP-mixer block (token mixing by
+    a transposed linear) and Fourier mixing (FNet's real part of a 2-D FFT; an inverse FFT
+    scaled as the other conventions do), squeezed to the head."""
 
     def __init__(self):
         super().__init__()
@@ -24,6 +25,8 @@ class Conv1dMixer(nn.Module):
         h = torch.relu(self.norm(self.stem(x)))
         h = h + self.mix_tokens(h)
         h = h.transpose(1, 2) + self.mix_channels(h.transpose(1, 2))
+        h = h + torch.fft.fftn(h, dim=(1, 2)).real
+        h = torch.fft.ifft(h, norm="ortho").real + torch.fft.fft(h, dim=1, norm="forward").real
         pooled = h.mean(1, keepdim=True).squeeze(1)
         return self.head(pooled)
 
