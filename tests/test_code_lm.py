@@ -71,7 +71,8 @@ def test_a_language_model_is_pretrained_and_read_by_perplexity():
 
 def test_the_experiment_composes():
     params = compose_params("experiment=code_lm")
-    assert {c.scheme for c in params.cases.values()} == {"full", "transformer_paper", "lora"}
+    assert {c.scheme for c in params.cases.values()} == {"full", "transformer_paper",
+                                                          "transformer_paper_head", "lora"}
     model = params.models["code"]
     assert not set(model.data.pretrain_packages) & set(model.data.finetune_packages)
 
