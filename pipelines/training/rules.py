@@ -4,10 +4,11 @@ embeddings, with strides where they interleave; MiniLM: layer_norm and exact GEL
 tanh-approximated GELU; Hugging Face transformers: index_tensor (a classifier reading each
 sequence's last token; gather_nd, the same in an ONNX export), max/min and tril (attention
 masks); Keras: pad (ZeroPadding2D; negative widths cut, as F.fold's export does); a user's
-own modules: squeeze, topk, gather_elements and scatter_elements (routing, torch.gather/scatter); index_put (x[i, j] = v); slice_scatter (a
-slice written in place: linear attention's state, chunked caches) and tile (DiffLlama's
-heads)), the layers in layer_rules.py, and the ones TVM gets wrong (where, for broadcast
-operands; conv2d, for dilated kernels: REPLACED).
+own modules: squeeze, topk, gather_elements and scatter_elements (routing,
+torch.gather/scatter); index_put (x[i, j] = v); slice_scatter (a slice written in place: linear
+attention's state, chunked caches) and tile (DiffLlama's heads)), the layers in
+layer_rules.py, and the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated
+kernels: REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
 Rules are registered once, on import; a rule TVM later ships itself is left in place (but
