@@ -163,3 +163,19 @@ def test_a_concatenated_empty_1d_tensor_is_skipped_as_in_pytorch():
     got = vm["main"](tvm.runtime.tensor(x.numpy()))
     got = got[0] if not hasattr(got, "numpy") else got
     np.testing.assert_array_equal(got.numpy(), _WithEmptyFeatures()(x).numpy())
+
+
+class _Spectrum(torch.nn.Module):
+    def forward(self, x):
+        return torch.fft.fft(x).abs()
+
+
+def test_a_complex_value_read_by_an_unconverted_op_is_refused_by_name():
+    """A complex tensor is held as (real, imaginary) pairs, which only the Fourier transforms,
+    conj and view_as_real read: ``abs`` of one would read the pairs as reals, so it stops."""
+    from pipelines.frontends.torch_program import translate
+
+    program = torch.export.export(_Spectrum(), (torch.randn(2, 4),))
+    with pytest.raises(NotImplementedError, match=r"reads the complex tensor .*only "
+                                                  r"_fft_c2c.default, _conj.default"):
+        translate(program)
