@@ -432,11 +432,14 @@ def test_a_model_input_the_data_lacks_is_named():
         split(data, "train", ["input_ids", "token_type_ids"])
 
 
+@pytest.mark.parametrize("scheme, head", [("transformer_paper", set()), (
+    "transformer_paper_head", {"model.embed_tokens.weight", "model.norm.weight"})])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_the_paper_transformer_scheme_selects_by_the_checkpoint_names(family):
+def test_the_paper_transformer_scheme_selects_by_the_checkpoint_names(family, scheme, head):
     """conf/sparse/transformer_paper.yaml on transformers' own names, its blocks found from
     them (model.layers.N): the attention projections and the first FFN linears of the last
-    two blocks."""
+    two blocks; transformer_paper_head.yaml adds the LM head (the tied embedding) and the
+    final norm."""
     import yaml
 
     from pipelines.frontends.layers import describe_layers
@@ -446,9 +449,9 @@ def test_the_paper_transformer_scheme_selects_by_the_checkpoint_names(family):
     module, _ = load_module(hf_model(family, config={"num_hidden_layers": 3}))
     layers = describe_layers(module)
     assert layers["blocks"] == ["model.layers.0", "model.layers.1", "model.layers.2"]
-    rules = yaml.safe_load((ROOT / "conf/sparse/transformer_paper.yaml").read_text())["rules"]
+    rules = yaml.safe_load((ROOT / f"conf/sparse/{scheme}.yaml").read_text())["rules"]
     selected = select(rules, layers)
-    assert set(selected) == {f"model.layers.{b}.{m}.weight" for b in (1, 2) for m in (
+    assert set(selected) == head | {f"model.layers.{b}.{m}.weight" for b in (1, 2) for m in (
         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj")}
 
