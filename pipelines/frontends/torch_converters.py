@@ -322,10 +322,11 @@ def fft(node, importer):
     """aten._fft_c2c(z, dims, normalization, forward) and aten._fft_r2c(x, dims,
     normalization, onesided) (``torch.fft.fft`` and its kin): the transform of ``_fourier``;
     a one-sided one keeps the last axis' first n // 2 + 1."""
-    dims, normalization, last = node.args[1], int(node.args[2]), node.args[3]
+    dims, normalization = node.args[1], int(node.args[2])
     emit, r2c = importer.block_builder.emit, "r2c" in node.target.__name__
-    parts = _fourier(_complex(node, importer), dims, normalization, r2c or bool(last), emit)
-    if r2c and last:
+    forward, onesided = (True, bool(node.args[3])) if r2c else (bool(node.args[3]), False)
+    parts = _fourier(_complex(node, importer), dims, normalization, forward, emit)
+    if onesided:
         axis = int(dims[-1]) % len(shape_of(parts[0]))
         kept = shape_of(parts[0])[axis] // 2 + 1
         parts = [strided_slice(part, [axis], [0], [kept]) for part in parts]
