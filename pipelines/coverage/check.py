@@ -51,8 +51,12 @@ SMALL = {
     **dict.fromkeys(["num_key_value_heads", "num_kv_heads"], 2),
     "head_dim": 8, "max_position_embeddings": 64, "n_positions": 64,
     "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4,
-    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "image_size": IMAGE,
+    "num_experts_per_tok": 2, "num_experts_per_token": 2, "moe_intermediate_size": 32,
+    "n_group": 1, "topk_group": 1, "num_expert_group": 1,  # expert groups: one of all 4
+    "image_size": IMAGE,
     "n_groups": 1, "mamba_n_groups": 1,  # Mamba-2's state groups: at most one per head
+    "num_kv_shared_layers": 0,  # Gemma 3n's layers reusing others' keys: none to spare at 2
+    "window_size": 2,  # Swin's windows: a stage's side (16 to 2 at 64 x 64) a multiple of it
     "rotary_dim": 4,  # CodeGen's and GPT-J's rotary share of a head (8 wide)
     # multi-head latent attention (DeepSeek V2/V3, MiniCPM3): its low ranks and head parts
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
@@ -61,6 +65,7 @@ SMALL = {
 # a backbone's chosen stages, named by depth ("stage12"): left to the shrunk depth's default
 STAGES = ["out_features", "out_indices"]
 STAGE_DEPTHS = ["depths"]  # a vision backbone's blocks per stage: one each
+HEADS = ["num_attention_heads", "num_heads"]
 
 
 def architectures(tasks=TASKS) -> list[tuple[str, str, str]]:
@@ -82,7 +87,9 @@ def _shrunk(values: dict) -> dict:
     configs too (a multimodal model's text config); what is per layer (a list as long as the
     depth, a dict by layer index) cut to the new depth; ``head_dim`` the new width's share of
     the heads; vocabulary and special-token ids kept."""
-    depth = next((values[k] for k in DEPTHS if isinstance(values.get(k), int)), None)
+    staged = any(isinstance(values.get(k), list) for k in STAGE_DEPTHS)  # then num_layers
+    depth = None if staged else next(  # counts stages, and lists are per stage
+        (values[k] for k in DEPTHS if isinstance(values.get(k), int)), None)
     out = {}
     for key, value in values.items():
         if depth and isinstance(value, dict) and value and all(
@@ -96,25 +103,58 @@ def _shrunk(values: dict) -> dict:
             out[key] = None
         elif key in STAGE_DEPTHS and isinstance(value, list):
             out[key] = [1] * len(value)
+        elif key in DEPTHS and staged:
+            out[key] = value
         elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
             out[key] = SMALL[key]
+        elif key in SMALL and _ints(value):  # per layer or stage (heads), an image's sides
+            out[key] = [SMALL[key]] * (SMALL["num_hidden_layers"] if len(value) == depth
+                                       else len(value))
         elif depth and isinstance(value, list) and len(value) == depth:
-            out[key] = value[:SMALL["num_hidden_layers"]]
+            out[key] = _first_layers(value, SMALL["num_hidden_layers"])
         else:
             out[key] = value
+    heads = next((values[k] for k in HEADS if isinstance(values.get(k), int)), None)
+    if "num_key_value_heads" in values and values["num_key_value_heads"] in (None, heads):
+        out["num_key_value_heads"] = out.get("num_attention_heads")  # attention without
+        # grouped queries stays so (ESMC refuses groups; a None means "as many as heads")
+    if values.get("n_routed_experts") and values.get("num_experts_per_tok") is None:
+        out["num_experts_per_tok"] = SMALL["num_experts_per_tok"]  # DeepSeek V2's default
     width = out.get("hidden_size")
+    for key, value in values.items():  # widths that equal the hidden size follow it
+        if key.endswith(("_size", "_dim")) and key not in SMALL and key != "vocab_size" \
+                and isinstance(value, int) and value == values.get("hidden_size"):
+            out[key] = width  # SqueezeBERT's embedding_size, Dots3's adapter_in_dim
     if {"head_dim", "num_attention_heads"} <= set(out) and width:
         out["head_dim"] = width // out["num_attention_heads"]
     elif {"head_dim", "num_heads", "expand"} <= set(out) and width:  # Mamba-2's mixer:
         out["head_dim"] = width * out["expand"] // out["num_heads"]  # heads x size = expand x width
-    if "qk_rope_head_dim" in out:  # latent attention: a head's query/key is nope + rope wide,
-        out["head_dim"] = out["qk_rope_head_dim"]  # the rotary part is "head_dim"; keys and
-        out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]  # values come
-        out["num_key_value_heads"] = out.get("num_attention_heads")  # from one latent per head
+    if {"qk_rope_head_dim", "qk_nope_head_dim"} <= set(out):
+        # latent attention: a head's query/key is nope + rope wide, the rotary part is
+        # "head_dim"; keys and values come from one latent per head
+        out["head_dim"] = out["qk_rope_head_dim"]
+        out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
+        out["num_key_value_heads"] = out.get("num_attention_heads")
     if {"mamba_d_head", "mamba_n_heads", "mamba_expand"} <= set(out) and width:
         inner = out.get("mamba_d_ssm") or width * out["mamba_expand"]
         out["mamba_d_head"] = inner // out["mamba_n_heads"]
     return out
+
+
+def _first_layers(per_layer: list, depth: int) -> list:
+    """The first ``depth`` layers' entries, the last ones swapped for kinds of layer that
+    would be missing (Qwen3.5's one full-attention layer in four) where there is room."""
+    missing = []
+    for kind in per_layer:
+        if isinstance(kind, str) and kind not in per_layer[:depth] and kind not in missing:
+            missing.append(kind)
+    missing = missing[:depth - 1]  # the first layer stays
+    return per_layer[:depth - len(missing)] + missing
+
+
+def _ints(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
 def tiny_config(model_type: str, num_labels: int = LABELS):
@@ -125,8 +165,12 @@ def tiny_config(model_type: str, num_labels: int = LABELS):
 
     config = transformers.AutoConfig.for_model(model_type)
     values = _shrunk(config.to_dict())
+    if "vocab_size" in values and values["vocab_size"] is None:
+        values["vocab_size"] = 33  # ESM's default has none: its protein alphabet's
     values["num_labels"] = num_labels
     values.pop("id2label", None), values.pop("label2id", None)
+    if values.get("is_encoder_decoder") and values.get("decoder_start_token_id") is None:
+        values["decoder_start_token_id"] = values.get("pad_token_id")  # as T5's checkpoints
     return type(config).from_dict(values)
 
 
@@ -138,6 +182,8 @@ def check(mapping: str, model_type: str, name: str, directory: Path) -> dict:
     from pipelines.frontends.transformers import own_loss_shifts
 
     task, inputs = TASKS[mapping]
+    if inputs == ["pixel_values"] and not _takes(name, "pixel_values"):
+        inputs = ["input_ids"]  # ImageGPT classifies images as colour-cluster ids
     record = {"architecture": name, "model_type": model_type, "task": task}
     phase = "config"
     try:
@@ -233,7 +279,8 @@ def _model(model_type, name, task, inputs, directory):
     model = TypeAdapter(Model).validate_python({
         "frontend": "transformers", "source": str(directory.resolve()), "batch_size": BATCH,
         "task": task, "inputs": inputs,
-        "dims": {"sequence": SEQUENCE, "image_size": getattr(config, "image_size", IMAGE)}})
+        "dims": {"sequence": SEQUENCE, "image_size": _side(getattr(config, "image_size",
+                                                                 IMAGE))}})
     from pipelines.frontends.transformers import class_of, load_module
 
     torch.manual_seed(0)
@@ -250,8 +297,7 @@ def _batch(module, task, inputs) -> dict:
     config = module.config.get_text_config()
     batch = {}
     if "pixel_values" in inputs:
-        size = getattr(config, "image_size", IMAGE)
-        size = size if isinstance(size, int) else size[0]
+        size = _side(getattr(config, "image_size", IMAGE))
         batch["pixel_values"] = torch.randn(BATCH, getattr(config, "num_channels", 3), size,
                                             size, generator=generator)
     else:
@@ -265,6 +311,19 @@ def _batch(module, task, inputs) -> dict:
     high = int(config.vocab_size) if task == "causal_lm" else LABELS
     batch["labels"] = torch.randint(0, high, shape, generator=generator)
     return batch
+
+
+def _takes(name: str, argument: str) -> bool:
+    import inspect
+
+    import transformers
+
+    return argument in inspect.signature(getattr(transformers, name).forward).parameters
+
+
+def _side(image_size) -> int:
+    """An image's side: configs give one int, or height and width (square here)."""
+    return image_size if isinstance(image_size, int) else image_size[0]
 
 
 def _pytorch_step(module, cls, inputs, batch):

@@ -208,7 +208,8 @@ def example_inputs(model, config, names: list[str]) -> dict[str, torch.Tensor]:
             raise ConfigError(f"models.<name>.dims.sequence={seq} is longer than the model's "
                               f"max_position_embeddings ({longest}); allowed: 1..{longest}")
         if name == "input_ids":
-            examples[name] = torch.randint(1, text.vocab_size, (batch, seq))
+            # a character model (CANINE) has no vocabulary: it reads code points, ASCII's here
+            examples[name] = torch.randint(1, getattr(text, "vocab_size", 128), (batch, seq))
         elif name == "attention_mask":
             examples[name] = torch.ones(batch, seq, dtype=torch.int64)
         else:
