@@ -49,6 +49,18 @@ def test_clip_matches_hardtanh_backward():
     np.testing.assert_allclose(got[0], want[0], **TOL)
 
 
+@pytest.mark.parametrize("op, reference", [(relax.op.nn.relu, torch.relu),
+                                           (relax.op.abs, torch.abs)])
+def test_relu_and_abs_at_zero_match_autograd(op, reference):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 8)).astype("float32")
+    x[0, :3] = 0.0  # a zero-initialised bias on a zero input: PyTorch passes nothing there
+    w = rng.standard_normal(x.shape).astype("float32")
+    got = relax_grads(op, [x.shape], [x], w)
+    want = torch_grads(reference, [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
 @pytest.mark.parametrize("shape", [(8, 6, 5, 5), (4, 3, 1, 1), (16, 10)])
 def test_batch_norm_training_matches_autograd(shape):
     rng = np.random.default_rng(1)
@@ -440,8 +452,9 @@ def test_squeeze_topk_and_element_gather_scatter_match_autograd():
             np.testing.assert_allclose(g, t, **TOL)
 
 
-def test_slice_scatter_and_tile_match_autograd():
-    """A slice written over a tensor (linear attention's state) and a tensor repeated (heads)."""
+def test_slice_scatter_tile_and_flip_match_autograd():
+    """A slice written over a tensor (linear attention's state), a tensor repeated (heads) and
+    one reversed (a causal conv's windows)."""
     rng = np.random.default_rng(18)
     x = rng.standard_normal((3, 8, 2)).astype("float32")
     src = rng.standard_normal((3, 3, 2)).astype("float32")
@@ -457,3 +470,7 @@ def test_slice_scatter_and_tile_match_autograd():
         got = relax_grads(lambda a: relax.op.tile(a, repeats), [x.shape], [x], w)
         want = torch_grads(lambda a: a.tile(repeats), [x], w)
         np.testing.assert_allclose(got[0], want[0], **TOL)
+
+    w = rng.standard_normal(x.shape).astype("float32")
+    got = relax_grads(lambda a: relax.op.flip(a, 1), [x.shape], [x], w)
+    np.testing.assert_allclose(got[0], torch_grads(lambda a: a.flip(1), [x], w)[0], **TOL)

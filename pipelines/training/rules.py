@@ -6,9 +6,10 @@ sequence's last token; gather_nd, the same in an ONNX export), max/min and tril 
 masks); Keras: pad (ZeroPadding2D; negative widths cut, as F.fold's export does); a user's
 own modules: squeeze, topk, gather_elements and scatter_elements (routing,
 torch.gather/scatter); index_put (x[i, j] = v); slice_scatter (a slice written in place: linear
-attention's state, chunked caches) and tile (DiffLlama's heads)), the layers in
+attention's state, chunked caches), tile (DiffLlama's heads) and flip (a causal conv's
+reversed windows)), the layers in
 layer_rules.py, and the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated
-kernels: REPLACED).
+kernels; relu and abs, at 0: REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
 Rules are registered once, on import; a rule TVM later ships itself is left in place (but
@@ -25,7 +26,7 @@ import tvm
 from tvm import relax
 from tvm.relax.op import (add, astype, broadcast_to, collapse_sum_to, divide, equal, erf, exp,
                           expand_dims, gather_elements, gather_nd, greater, less, logical_and,
-                          mean, multiply, reshape, scatter_elements, scatter_nd, sqrt, stack,
+                          mean, multiply, reshape, scatter_elements, scatter_nd, sign, sqrt, stack,
                           strided_slice, subtract, sum as rsum, tanh, tril, variance, where,
                           zeros_like)
 from tvm.relax.op.base import register_gradient
@@ -134,6 +135,11 @@ def strided_slice_grad(orig_var, orig_call, output_grad, ctx):
 def squeeze_grad(orig_var, orig_call, output_grad, ctx):
     """y = x without some size-1 axes: dx is dy with them back."""
     return [reshape(output_grad, shape_of(orig_call.args[0]))]
+
+
+def flip_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x reversed along an axis: dx is dy reversed back."""
+    return [relax.op.flip(output_grad, int(orig_call.attrs.axis))]
 
 
 def topk_grad(orig_var, orig_call, output_grad, ctx):
@@ -374,6 +380,7 @@ RULES = {
     "relax.gather_elements": gather_elements_grad,
     "relax.slice_scatter": slice_scatter_grad,
     "relax.tile": tile_grad,
+    "relax.flip": flip_grad,
     **LAYER_RULES,
 }
 
@@ -394,8 +401,23 @@ def where_grad(orig_var, orig_call, output_grad, ctx):
             to_shape_of(where(cond, relax.const(0, dtype_of(b)), output_grad), b)]
 
 
+def relu_grad(orig_var, orig_call, output_grad, ctx):
+    """y = relu(x): dx = dy where x > 0, as PyTorch's threshold_backward. TVM's rule passes
+    dy at x == 0 too: a ReLU after a zero-initialised bias on a zero input (Swin V2's
+    position-bias MLP at the window's centre) gets a gradient PyTorch does not give it."""
+    x = orig_call.args[0]
+    zero = relax.const(0, dtype_of(x))
+    return [where(greater(x, zero), output_grad, zero)]
+
+
+def abs_grad(orig_var, orig_call, output_grad, ctx):
+    """y = |x|: dx = dy * sign(x), 0 at x == 0 as in PyTorch (TVM's rule gives dy there)."""
+    return [multiply(output_grad, sign(orig_call.args[0]))]
+
+
 # TVM's rules replaced by the project's, where they are wrong for an input a model gives
-REPLACED = {"relax.where": where_grad, **LAYER_REPLACED}
+REPLACED = {"relax.where": where_grad, "relax.nn.relu": relu_grad, "relax.abs": abs_grad,
+            **LAYER_REPLACED}
 
 _OVERRIDE = 11  # the level our wrappers register at: above the one TVM registers its rules at
 
