@@ -44,9 +44,9 @@ from pipelines.training.scheme import lr_scales, select
 from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FoldConstantReshapes,
                                  FreezeStatistics, FrozenNormsElementwise,
                                  FuseSoftmaxCrossEntropy, IsolateGemms, MaxPoolGradInBounds,
-                                 PlainPowers, PruneFrozenUpdates, RecomputeActivations,
-                                 ReorderUpdates, SliceChannelUpdates, SplitAsSlices,
-                                 UpdateInPlace)
+                                 NonFiniteFills, PlainPowers, PruneFrozenUpdates,
+                                 RecomputeActivations, ReorderUpdates, SliceChannelUpdates,
+                                 SplitAsSlices, UpdateInPlace)
 from pipelines.transform.freeze_statistics import norm_scales
 
 NOTHING = tvm.transform.Sequential([])  # an optional pass that is off keeps its place
@@ -70,7 +70,8 @@ def training_graph(lowered: Lowered, optimizer, lora=None, seed: int = 0,
     ``lr_scale`` selects is updated at the learning rate times it, and with ``statistics``
     ``trained_layers`` a batch norm whose scale they leave frozen keeps its running statistics
     and normalises with them (transform/freeze_statistics.py)."""
-    main = tvm.transform.Sequential([FlattenTakeIndices(), BoolOpsAsInts(), SplitAsSlices()])(
+    main = tvm.transform.Sequential([FlattenTakeIndices(), BoolOpsAsInts(), SplitAsSlices(),
+                                     NonFiniteFills()])(
         tvm.IRModule({"main": lowered.main}))["main"]
     count, names = int(main.attrs["num_input"]), lowered.names
     num_params = sum(1 for v in main.params[count:] if names[v.name][0] == "parameter")

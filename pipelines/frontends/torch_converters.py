@@ -5,8 +5,9 @@ convert and that common layers export to: ``amax`` (global max pooling, attentio
 and ``index_put`` with whole axes among its indices (``F.fold``); ops PyTorch computes in
 floating point from integer inputs (``log``, ``sqrt``, true division: FLOAT_RESULTS), which
 TVM's refuse; division rounded toward zero or down (``div`` with a ``rounding_mode``) in its
-result's dtype; ``arange`` counting down in integers; Fourier transforms (complex values held
-as ``view_as_real`` holds them); ``topk`` with ``sorted=False`` (mixture-of-experts
+result's dtype; ``arange`` counting down in integers; ``Tensor.unfold``; complex values (held as
+``view_as_real`` holds them): Fourier transforms, ``polar`` and products (rotary embeddings as
+rotations); ``topk`` with ``sorted=False`` (mixture-of-experts
 routing), which TVM refuses; ``cat`` with an empty 1-D operand (which PyTorch skips; a
 multimodal model's absent image features); and for 2-D interpolation, which TVM converts to
 ``image.resize2d``, an op with no gradient. Each emits Relax operators that have gradient
@@ -195,11 +196,15 @@ def topk(node, importer):
 def cat(node, importer):
     """aten.cat(tensors, dim): PyTorch skips operands of shape (0,) whatever the others' rank
     (its legacy rule; a multimodal model with no image in the batch concatenates its empty
-    image features so), where TVM's concat refuses mixed ranks."""
-    tensors = [t for t in (importer.env[n] for n in node.args[0]) if shape_of(t) != [0]]
+    image features so), where TVM's concat refuses mixed ranks; and operands empty along
+    ``dim`` (a causal conv's empty cache before its context), whose section of the gradient's
+    split TVM refuses."""
+    given = [importer.env[n] for n in node.args[0]]
+    tensors = [t for t in given if shape_of(t) != [0]] or given[:1]
+    axis = int(_arg(node, 1, node.kwargs.get("dim", 0))) % len(shape_of(tensors[0]))
+    tensors = [t for t in tensors if shape_of(t)[axis] != 0] or tensors[:1]
     if len(tensors) == 1:
         return tensors[0]
-    axis = int(_arg(node, 1, node.kwargs.get("dim", 0)))
     return importer.block_builder.emit(concat(tensors, axis=axis))
 
 
@@ -261,9 +266,23 @@ def arange(node, importer):
     return importer.block_builder.emit(negative(relax.op.arange(-start, -end, -step, want)))
 
 
+def unfold(node, importer):
+    """aten.unfold(x, dim, size, step) (``Tensor.unfold``: sliding windows, as a causal conv
+    reads its context): the windows along ``dim``, each one's elements on a new last axis; a
+    take of x at window * step + offset, its offset axis moved last."""
+    x = importer.env[node.args[0]]
+    shape = shape_of(x)
+    dim, size, step = int(node.args[1]) % len(shape), int(node.args[2]), int(node.args[3])
+    starts = np.arange((shape[dim] - size) // step + 1) * step
+    index = relax.const((starts[:, None] + np.arange(size)).astype("int64"))
+    order = [a for a in range(len(shape) + 1) if a != dim + 1] + [dim + 1]
+    return importer.block_builder.emit(permute_dims(take(x, index, axis=dim), order))
+
+
 # A complex tensor is held as PyTorch's view_as_real holds it: a float tensor with a last axis
 # of 2 (real, imaginary). Only the ops below read one, so any other reader is refused.
-COMPLEX_READERS = ("_fft_c2c.default", "_conj.default", "view_as_real.default")
+COMPLEX_READERS = ("_fft_c2c.default", "_conj.default", "view_as_real.default", "mul.Tensor",
+                   "unsqueeze.default", "_assert_tensor_metadata.default")
 
 
 def _pair(real, imag):
@@ -271,21 +290,92 @@ def _pair(real, imag):
     return concat([expand_dims(real, -1), expand_dims(imag, -1)], axis=-1)
 
 
-def _complex(node, importer):
-    """``node``'s complex input as (real, imaginary) parts; the node's readers checked."""
+def _is_complex(arg) -> bool:
+    return isinstance(arg, torch.fx.Node) and getattr(
+        arg.meta.get("val"), "dtype", torch.float32).is_complex
+
+
+def _complex_result(node) -> None:
+    """Refuse ``node``'s complex result where an op not converted for complex values reads
+    it."""
     for user in node.users:
         if getattr(user.target, "__name__", None) not in COMPLEX_READERS:
             raise NotImplementedError(f"{user.name} ({user.target}) reads the complex tensor "
                                       f"{node.name}; only {', '.join(COMPLEX_READERS)} are "
                                       "converted")
-    z = importer.env[node.args[0]]
-    if node.args[0].meta["val"].dtype.is_complex:
-        last = len(shape_of(z)) - 1
-        return [importer.block_builder.emit(take(z, relax.const(i, "int64"), axis=last))
-                for i in (0, 1)]
-    if "float" not in dtype_of(z):
-        raise NotImplementedError(f"{node.name}: a complex value of a {dtype_of(z)} tensor")
-    return [z, relax.op.zeros_like(z)]
+
+
+def _parts(arg, importer):
+    """A complex operand as its (real, imaginary) parts; a real one as (it, None)."""
+    if not _is_complex(arg):
+        return importer.env.get(arg, arg) if isinstance(arg, torch.fx.Node) else arg, None
+    z = importer.env[arg]
+    last = len(shape_of(z)) - 1
+    return tuple(importer.block_builder.emit(take(z, relax.const(i, "int64"), axis=last))
+                 for i in (0, 1))
+
+
+def _complex(node, importer):
+    """``node``'s input as (real, imaginary) parts, a real one with a zero imaginary part;
+    the node's readers checked."""
+    _complex_result(node)
+    real, imag = _parts(node.args[0], importer)
+    if imag is not None:
+        return [real, imag]
+    if "float" not in dtype_of(real):
+        raise NotImplementedError(f"{node.name}: a complex value of a {dtype_of(real)} tensor")
+    return [real, relax.op.zeros_like(real)]
+
+
+def complex_or(convert, convert_complex):
+    """TVM's ``convert`` of an op, or ``convert_complex`` where it reads a complex tensor."""
+
+    def either(node, importer):
+        if any(_is_complex(arg) for arg in node.args):
+            return convert_complex(node, importer)
+        return convert(node)
+
+    return either
+
+
+def polar(node, importer):
+    """aten.polar(r, theta): r cos(theta) + i r sin(theta) (LLaMA 4's and DeepSeek V2's
+    rotary embeddings turn positions into rotations so)."""
+    _complex_result(node)
+    r, theta = (importer.env[arg] for arg in node.args[:2])
+    return importer.block_builder.emit(_pair(multiply(r, relax.op.cos(theta)),
+                                             multiply(r, relax.op.sin(theta))))
+
+
+def view_as_complex(node, importer):
+    """aten.view_as_complex(x): x's last axis of 2 is the (real, imaginary) pair already."""
+    _complex_result(node)
+    return importer.env[node.args[0]]
+
+
+def complex_multiply(node, importer):
+    """aten.mul(z, w) with a complex operand: (a + ib)(c + id) = ac - bd + i(ad + bc); a real
+    operand (a tensor or a number) scales both parts."""
+    _complex_result(node)
+    (a, b), (c, d) = (_parts(arg, importer) for arg in node.args[:2])
+    if b is None or d is None:
+        (real, imag), scale = ((c, d), a) if b is None else ((a, b), c)
+        if not isinstance(scale, relax.Expr):
+            scale = relax.const(scale, dtype_of(real))
+        parts = multiply(real, scale), multiply(imag, scale)
+    else:
+        parts = subtract(multiply(a, c), multiply(b, d)), add(multiply(a, d), multiply(b, c))
+    return importer.block_builder.emit(_pair(*parts))
+
+
+def complex_unsqueeze(node, importer):
+    """aten.unsqueeze(z, dim) of a complex z: ``dim`` counted from z's own axes, not the
+    pair's."""
+    _complex_result(node)
+    dim = int(node.args[1])
+    if dim < 0:
+        dim += len(node.args[0].meta["val"].shape) + 1
+    return importer.block_builder.emit(expand_dims(importer.env[node.args[0]], dim))
 
 
 def _fourier(parts, dims, normalization: int, forward: bool, emit):
@@ -395,4 +485,9 @@ CONVERTERS = {
     "_fft_r2c.default": fft,
     "_conj.default": conj,
     "view_as_real.default": view_as_real,
+    "unfold.default": unfold,
+    "polar.default": polar,
+    "view_as_complex.default": view_as_complex,
 }
+# ops TVM converts for real tensors, converted here where one reads a complex tensor
+COMPLEX_AWARE = {"mul.Tensor": complex_multiply, "unsqueeze.default": complex_unsqueeze}

@@ -20,7 +20,8 @@ from tvm.relax.frontend.torch.exported_program_translator import ExportedProgram
 
 from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
 from pipelines.frontends.layers import tied_parameters
-from pipelines.frontends.torch_converters import CONVERTERS, FLOAT_RESULTS, float_inputs
+from pipelines.frontends.torch_converters import (COMPLEX_AWARE, CONVERTERS, FLOAT_RESULTS,
+                                                 complex_or, float_inputs)
 from pipelines.ir import FIXED_PARAMETERS, PADDING_ROWS, dtype_of, shape_of, tensor_type
 
 
@@ -119,6 +120,9 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
                                         takes_importer=True) for name in FLOAT_RESULTS})
     converters.update({name: _recording(fn, produced, takes_importer=True)
                        for name, fn in CONVERTERS.items()})
+    converters.update({name: _recording(complex_or(importer.convert_map[name], fn), produced,
+                                        takes_importer=True)
+                       for name, fn in COMPLEX_AWARE.items()})
     converters["_native_batch_norm_legit_functional.default"] = _recording(
         _batch_norm_training(state), produced, takes_importer=True)
     mod = importer.from_exported_program(program, keep_params_as_input=True,

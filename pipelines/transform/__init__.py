@@ -10,6 +10,7 @@ from pipelines.transform.frozen_norms_elementwise import FrozenNormsElementwise
 from pipelines.transform.fuse_softmax_cross_entropy import FuseSoftmaxCrossEntropy
 from pipelines.transform.isolate_gemms import IsolateGemms
 from pipelines.transform.max_pool_grad_in_bounds import MaxPoolGradInBounds
+from pipelines.transform.non_finite_fills import NonFiniteFills
 from pipelines.transform.plain_powers import PlainPowers
 from pipelines.transform.prune_frozen import PruneFrozenUpdates
 from pipelines.transform.recompute import RecomputeActivations
@@ -20,5 +21,6 @@ from pipelines.transform.update_in_place import UpdateInPlace
 
 __all__ = ["BoolOpsAsInts", "EmptyConstantsAsZeros", "FlattenTakeIndices", "FoldConstantReshapes",
            "FreezeStatistics", "FrozenNormsElementwise", "FuseSoftmaxCrossEntropy", "IsolateGemms",
-           "MaxPoolGradInBounds", "PlainPowers", "PruneFrozenUpdates", "RecomputeActivations",
-           "ReorderUpdates", "SliceChannelUpdates", "SplitAsSlices", "UpdateInPlace"]
+           "MaxPoolGradInBounds", "NonFiniteFills", "PlainPowers", "PruneFrozenUpdates",
+           "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates", "SplitAsSlices",
+           "UpdateInPlace"]

@@ -165,7 +165,9 @@ def gather_scatter(batch_size: int):
 class StridedRotary(nn.Module):
     """Interleaved rotary embeddings: GPT-J's and CodeGen's (the even and odd channels, read
     with a stride of 2, rotated and written back interleaved) and DeepSeek's (the rotary tail
-    of each head, split off, its even and odd channels rotated and concatenated)."""
+    of each head, split off, its even and odd channels rotated and concatenated), and LLaMA
+    4's and DeepSeek V2's (channel pairs as complex numbers, times a rotation from
+    ``torch.polar``), under a causal mask filled with -inf."""
 
     def __init__(self):
         super().__init__()
@@ -185,7 +187,15 @@ class StridedRotary(nn.Module):
         even, odd = tail[..., 0::2], tail[..., 1::2]
         tail = torch.cat([even * cos - odd * sin, odd * cos + even * sin], -1)
         deepseek = torch.cat([kept, tail], -1).flatten(-2)         # [b, 6, 48]
-        return self.head(rotated[:, ::2].mean(1)) + self.tail_head(deepseek.mean(1))
+        turn = torch.polar(torch.ones_like(angle), angle) * 0.5   # [6, 4] complex
+        pairs = torch.view_as_complex(h.reshape(*h.shape[:-1], 4, 2))
+        llama4 = torch.view_as_real(pairs * turn.unsqueeze(0)).flatten(-2)  # [b, 6, 8]
+        scores = llama4 @ h.transpose(1, 2)
+        later = torch.ones(6, 6, dtype=torch.bool).triu(1)
+        scores = torch.where(later, torch.full_like(scores, float("-inf")), scores)
+        attended = scores.softmax(-1) @ h
+        return self.head(rotated[:, ::2].mean(1) + attended.mean(1)) + \
+            self.tail_head(deepseek.mean(1))
 
 
 def strided_rotary(batch_size: int):
@@ -245,7 +255,9 @@ def indexed_router(batch_size: int):
 
 class Patches(nn.Module):
     """Overlapping patches cut (``F.unfold``), mixed and summed back (``F.fold``: an
-    index_put that adds along whole batch and channel axes), as MobileViT-v2 does."""
+    index_put that adds along whole batch and channel axes), as MobileViT-v2 does; and
+    sliding windows (``Tensor.unfold``), reversed, as Inkling 2's causal conv reads them
+    after its (empty) cache."""
 
     def __init__(self):
         super().__init__()
@@ -257,7 +269,9 @@ class Patches(nn.Module):
         patches = nn.functional.unfold(torch.relu(self.conv(x)), 3, padding=1, stride=2)
         h = nn.functional.fold(self.mix(patches.transpose(1, 2)).transpose(1, 2), (5, 5), 3,
                                padding=1, stride=2)
-        return self.head(h.mean((2, 3)))
+        context = torch.cat([h.flatten(2)[..., :0], h.flatten(2)], -1)  # an empty cache
+        windows = context.unfold(-1, 3, 2).flip(-1)                # [b, 4, 12, 3]
+        return self.head(h.mean((2, 3)) + (windows * torch.arange(1.0, 4.0)).mean((2, 3)))
 
 
 def patches(batch_size: int):
