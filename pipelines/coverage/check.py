@@ -285,6 +285,10 @@ def _model(model_type, name, task, inputs, directory):
 
     torch.manual_seed(0)
     module, _ = load_module(model)
+    with torch.no_grad():  # a zero-initialised router (AFMoE's) ties every expert, and which
+        for weight in module.parameters():  # tied ones top-k picks is up to the kernel: a
+            if weight.ndim >= 2 and not weight.any():  # trained router does not tie
+                weight.normal_(0.0, 0.02)
     cls = class_of(model, config)
     assert issubclass(cls, transformers.PreTrainedModel)
     return module, model, cls
