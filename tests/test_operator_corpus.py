@@ -1,12 +1,12 @@
 """A user's own modules built around the layers and tensor operations common models use
 (tests/frontends/operator_corpus.py: 1-D and 3-D convs, transposed convs, group norm, pooling
-variants, interpolation, embedding bags, gather/scatter, cumsum, einsum, masked fills,
-strided slices, complex rotations, -inf masks, negative indices, log and division of integers
-(rounded too), top-k routing, a reshaped layer scale, an indexer no gradient reaches, a fixed
-parameter, an empty split section, patches cut and summed back by unfold and fold, sliding
-windows after an empty cache) compile through the one chain, train the parameters PyTorch's
-loss gives a gradient, and take three full-BP SGD-momentum steps as PyTorch does: the loss and
-every tensor within rtol 1e-4 (conftest.assert_steps_match)."""
+variants, interpolation, embedding bags, gather/scatter, cumsum, einsum, masked fills, strided
+slices, complex rotations, -inf masks, negative indices, log and division of integers (rounded
+too), top-k routing, a reshaped layer scale, detached values and no_grad blocks, an indexer no
+gradient reaches, a fixed parameter, an empty split section, patches cut and summed back by
+unfold and fold, sliding windows after an empty cache) compile through the one chain, train the
+parameters PyTorch's loss gives a gradient, and take three full-BP SGD-momentum steps as
+PyTorch does: the loss and every tensor within rtol 1e-4 (conftest.assert_steps_match)."""
 import numpy as np
 import pytest
 import torch

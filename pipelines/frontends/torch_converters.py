@@ -5,9 +5,9 @@ convert and that common layers export to: ``amax`` (global max pooling, attentio
 and ``index_put`` with whole axes among its indices (``F.fold``); ops PyTorch computes in
 floating point from integer inputs (``log``, ``sqrt``, true division: FLOAT_RESULTS), which
 TVM's refuse; division rounded toward zero or down (``div`` with a ``rounding_mode``) in its
-result's dtype; ``arange`` counting down in integers; ``Tensor.unfold``; complex values (held as
-``view_as_real`` holds them): Fourier transforms, ``polar`` and products (rotary embeddings as
-rotations); ``topk`` with ``sorted=False`` (mixture-of-experts
+result's dtype; ``arange`` counting down in integers; ``Tensor.unfold``; ``detach``; complex
+values (held as ``view_as_real`` holds them): Fourier transforms, ``polar`` and products
+(rotary embeddings as rotations); ``topk`` with ``sorted=False`` (mixture-of-experts
 routing), which TVM refuses; ``cat`` with an empty 1-D operand (which PyTorch skips; a
 multimodal model's absent image features); and for 2-D interpolation, which TVM converts to
 ``image.resize2d``, an op with no gradient. Each emits Relax operators that have gradient
@@ -279,6 +279,12 @@ def unfold(node, importer):
     return importer.block_builder.emit(permute_dims(take(x, index, axis=dim), order))
 
 
+def detach(node, importer):
+    """aten.detach(x): x, through which no gradient flows (TVM's conversion was x itself, so a
+    straight-through estimator's or a no_grad block's gradient flowed on)."""
+    return importer.block_builder.emit(relax.op.grad.no_grad(importer.env[node.args[0]]))
+
+
 # A complex tensor is held as PyTorch's view_as_real holds it: a float tensor with a last axis
 # of 2 (real, imaginary). Only the ops below read one, so any other reader is refused.
 COMPLEX_READERS = ("_fft_c2c.default", "_conj.default", "view_as_real.default", "mul.Tensor",
@@ -486,6 +492,7 @@ CONVERTERS = {
     "_conj.default": conj,
     "view_as_real.default": view_as_real,
     "unfold.default": unfold,
+    "detach.default": detach,
     "polar.default": polar,
     "view_as_complex.default": view_as_complex,
 }

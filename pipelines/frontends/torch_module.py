@@ -146,9 +146,11 @@ def export(module: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     """torch.export of ``module`` in training mode, inputs by name in ``forward``'s order."""
     import torch
 
+    from pipelines.frontends.export_rewrites import static_masked_rows
+
     order = list(inspect.signature(module.forward).parameters)
     ordered = {name: inputs[name] for name in order if name in inputs}
-    return torch.export.export(module.train(), (), kwargs=ordered)
+    return static_masked_rows(torch.export.export(module.train(), (), kwargs=ordered))
 
 
 def load_program(path: Path) -> torch.export.ExportedProgram:

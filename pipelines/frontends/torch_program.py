@@ -18,6 +18,7 @@ from torch.export.graph_signature import InputKind
 from tvm import relax
 from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
+from pipelines.frontends.export_rewrites import no_grad_as_detach
 from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
 from pipelines.frontends.layers import tied_parameters
 from pipelines.frontends.torch_converters import (COMPLEX_AWARE, CONVERTERS, FLOAT_RESULTS,
@@ -111,8 +112,12 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
     state, produced = _BufferState(), {}
     tied = tied_parameters(program)
     _views_as_reshapes(program)
-    # Core ATen ops, as TVM's from_exported_program does (adaptive pooling becomes a mean).
-    program = program.run_decompositions()
+    no_grad_as_detach(program)
+    # Core ATen ops, as TVM's from_exported_program does (adaptive pooling becomes a mean),
+    # but detach kept: it would become an alias, which TVM converts as the value itself
+    decompositions = torch.export.default_decompositions()
+    decompositions.pop(torch.ops.aten.detach.default)
+    program = program.run_decompositions(decompositions)
     importer = ExportedProgramImporter()
     converters = {name: _recording(fn, produced, takes_importer=False)
                   for name, fn in importer.convert_map.items()}

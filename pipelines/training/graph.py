@@ -150,16 +150,10 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
 def unreached_parameters(main: relax.Function, params) -> list[relax.Var]:
     """Those of ``params`` that no gradient from ``main``'s output (the logits) reaches:
     parameters the loss never reads (an unused pooler, a cross-attention a decoder-only model
-    skips) or reads only through integers (a router's scores that only pick indices), which
-    PyTorch gives no gradient and no update."""
-    out = main.body.body
-    needed = set(relax.analysis.free_vars(out.fields[0] if isinstance(out, relax.Tuple)
-                                          else out))
-    for block in reversed(main.body.blocks):
-        for binding in reversed(block.bindings):
-            if binding.var in needed and rules.carries_gradient(binding.var):
-                needed.update(relax.analysis.free_vars(binding.value))
-    return [p for p in params if p not in needed]
+    skips) or reads only through integers (a router's scores that only pick indices) or
+    detached values, which PyTorch gives no gradient and no update."""
+    reached = rules.gradient_reaches(main)
+    return [p for p in params if p not in reached]
 
 
 def _row_mask(weight: relax.Var, row: int) -> relax.Expr:

@@ -467,6 +467,12 @@ def _float_only(rule):
     return wrapped
 
 
+def stops_gradient(value: relax.Expr) -> bool:
+    """Whether ``value`` is a detached one (``R.grad.no_grad``: PyTorch's detach, a no_grad
+    block's result), which no gradient crosses."""
+    return isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.grad.no_grad"
+
+
 def carries_gradient(expr: relax.Expr) -> bool:
     """Whether a gradient can flow through ``expr``: a float tensor or a tuple holding one (a
     comparison's mask or an index does not, even when computed from the parameters)."""
@@ -483,19 +489,37 @@ def _is_float(dtype) -> bool:
     return str(dtype).startswith(("float", "bfloat"))
 
 
+def gradient_reaches(func: relax.Function) -> set[relax.Var]:
+    """The vars of ``func`` that the gradient of its output (the first field of a tuple: the
+    logits, not the batch statistics) reaches: through float values, not detached ones."""
+    out = func.body.body
+    reached = set(relax.analysis.free_vars(out.fields[0] if isinstance(out, relax.Tuple)
+                                           else out))
+    for block in reversed(func.body.blocks):
+        for binding in reversed(block.bindings):
+            if binding.var in reached and carries_gradient(binding.var) and \
+                    not stops_gradient(binding.value):
+                reached.update(relax.analysis.free_vars(binding.value))
+    return reached
+
+
 def ops_without_gradient(func: relax.Function, wrt=None) -> list[tuple[str, str]]:
     """(op name, binding var name) of each bound call in ``func`` that has no gradient rule and
     that a gradient flows through: one whose value depends on a var of ``wrt`` (default: every
-    parameter of ``func``). Integer and shape computations from the inputs alone (position ids,
-    masks, the index of a sequence's last token) need no gradient and are left out."""
-    varying = set(func.params if wrt is None else wrt)
+    parameter of ``func``) and that the output's gradient reaches. Integer and shape
+    computations from the inputs alone (position ids, masks, the index of a sequence's last
+    token) and what is only read detached need no gradient and are left out."""
+    varying, reached = set(func.params if wrt is None else wrt), gradient_reaches(func)
     missing = []
     for block in func.body.blocks:
         for binding in block.bindings:
             used = relax.analysis.free_vars(binding.value)
-            if not any(v in varying for v in used) or not carries_gradient(binding.var):
+            if not any(v in varying for v in used) or not carries_gradient(binding.var) \
+                    or stops_gradient(binding.value):
                 continue
             varying.add(binding.var)
+            if binding.var not in reached:
+                continue
             value = binding.value
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
                     value.op.get_attr("FPrimalGradient") is None or value.op.name in NO_RULE):

@@ -100,7 +100,9 @@ def pools(batch_size: int):
 class LayerScale(nn.Module):
     """A PoolFormer block: a residual branch scaled per channel by a small learned vector,
     reshaped to [channels, 1, 1], which the backward pass reads again after the vector's
-    own update could have been written (the update in place waits for every reader)."""
+    own update could have been written (the update in place waits for every reader); its
+    features divided by a statistic taken under ``torch.no_grad()`` (the shift read there alone
+    gets no gradient) and rounded straight through (``detach``)."""
 
     def __init__(self):
         super().__init__()
@@ -108,12 +110,16 @@ class LayerScale(nn.Module):
         self.norm = nn.GroupNorm(1, 8)
         self.mix = nn.Conv2d(8, 8, 1)
         self.scale = nn.Parameter(torch.full((8,), 1e-2))
+        self.shift = nn.Parameter(torch.ones(8, 1, 1))
         self.head = nn.Linear(8, CLASSES)
 
     def forward(self, x):
         h = self.conv(x)
         pooled = nn.functional.avg_pool2d(self.norm(h), 3, 1, 1, count_include_pad=False)
         h = h + self.scale[:, None, None] * self.mix(pooled)
+        with torch.no_grad():
+            spread = (h + self.shift).std()
+        h = h / (1 + spread) + 0.1 * (h.round() - h).detach()
         return self.head(h.mean((2, 3)))
 
 
@@ -126,7 +132,9 @@ class GatherScatter(nn.Module):
     scatter-add of rows at indices divided with rounding, rows read by negative indices (from
     the end, as Falcon reads its key and value heads) scaled by the log and quotient of
     integers, elements picked by two index lists, rows reversed by a range counting down, a
-    cumulative sum, an einsum, and a masked fill with a mask made from the input."""
+    cumulative sum, an einsum, a masked fill with a mask made from the input, and each row's
+    last masked position read through a boolean mask (``x[mask].view(b, -1, d)[:, -1]``, as
+    BART's classifier reads its end-of-sentence tokens)."""
 
     def __init__(self):
         super().__init__()
@@ -153,7 +161,9 @@ class GatherScatter(nn.Module):
         zipped = h[:, [0, 2, 4], [1, 3, 5]].mean(1, keepdim=True)  # [b, 1]: 3 elements
         # rows in reverse, by a range counting down past zero (Funnel's relative positions)
         reverse = h[:, torch.arange(4, -1, -1)] * torch.arange(2, -3, -1)[None, :, None]
-        return self.head(bag + last + zipped
+        ends = (ids[:, :5] < 200).logical_and(torch.arange(5) % 2 == 0)  # rows 0, 2, 4
+        final = h[ends].view(h.shape[0], -1, 6)[:, -1]            # [b, 6]: row 4
+        return self.head(bag + last + zipped + final
                          + (picked + summed + running + mixed + reverse).mean(1))
 
 

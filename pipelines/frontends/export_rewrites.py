@@ -1,0 +1,72 @@
+"""Rewrites of a torch.export program that TVM's importer, or saving the program, cannot
+take as PyTorch gives it: what a ``torch.no_grad()`` block computes, detached where it is read
+(translating inlines the block and would forget it), and a boolean mask's data-dependent
+selection, where only each row's last pick is read, with static shapes."""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+
+def no_grad_as_detach(program: torch.export.ExportedProgram) -> None:
+    """What a ``torch.no_grad()`` block computes (a ``wrap_with_set_grad_enabled(False, ...)``
+    call, which the decompositions inline) detached where it is read: no gradient crosses it,
+    as in PyTorch (HRM's early recurrent iterations)."""
+    graph = program.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or "wrap_with_set_grad_enabled" not in str(node.target) \
+                or node.args[0] is not False:
+            continue
+        outputs = [u for u in node.users if u.target is operator.getitem] or [node]
+        for output in outputs:
+            with graph.inserting_after(output):
+                detached = graph.call_function(torch.ops.aten.detach.default, (output,))
+            detached.meta["val"] = output.meta.get("val")
+            output.replace_all_uses_with(detached, delete_user_cb=lambda u: u is not detached)
+    program.graph_module.recompile()
+
+
+def static_masked_rows(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` with ``x[mask].view(B, -1, H)[:, -1]`` (BART's, T5's and their kin's
+    classifiers read each sentence's last end-of-sentence token so) as each row's last masked
+    position read with static shapes: ``x[rows, argmax(mask * (1..S))]``. The masked count is
+    data-dependent, which a saved program cannot hold (torch.export.load refuses its unbacked
+    size) nor a compiled step's static shapes; the result is the same wherever the rows hold
+    equally many, which transformers checks. Its runtime checks of such counts
+    (``_assert_scalar``) go with it (a compiled step checks no data), and the program is
+    traced again for its new shapes; a program without the pattern is returned as it is."""
+    aten, graph = torch.ops.aten, program.graph
+    rewritten = False
+    for node in list(graph.nodes):
+        if node.target is not aten.index.Tensor or len(node.args[1]) != 1:
+            continue
+        x, (mask,) = node.args
+        x_val, mask_val = x.meta["val"], getattr(mask, "meta", {}).get("val")
+        if mask_val is None or mask_val.dtype != torch.bool or x_val.dim() != 3 \
+                or list(mask_val.shape) != list(x_val.shape[:2]):
+            continue
+        batch, length, width = x_val.shape
+        views = [u for u in node.users if u.target in (aten.view.default, aten.reshape.default)
+                 and list(u.args[1]) == [batch, -1, width]]
+        lasts = [u for v in views for u in v.users
+                 if u.target is aten.select.int and tuple(u.args[1:]) == (1, -1)]
+        if len(views) != 1 or len(lasts) != 1 or len(views[0].users) != 1:
+            continue
+        with graph.inserting_before(lasts[0]):
+            positions = graph.call_function(aten.arange.start, (1, length + 1),
+                                            {"dtype": torch.int64})
+            last = graph.call_function(aten.argmax.default, (
+                graph.call_function(aten.mul.Tensor, (mask, positions)), 1))
+            rows = graph.call_function(aten.arange.default, (batch,), {"dtype": torch.int64})
+            picked = graph.call_function(aten.index.Tensor, (x, [rows, last]))
+        lasts[0].replace_all_uses_with(picked)
+        rewritten = True
+    if not rewritten:
+        return program
+    no_grad_as_detach(program)  # tracing again inlines no_grad blocks
+    for node in [n for n in graph.nodes if n.target is aten._assert_scalar.default]:
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return program.run_decompositions({})
