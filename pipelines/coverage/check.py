@@ -87,8 +87,10 @@ def _shrunk(values: dict) -> dict:
     configs too (a multimodal model's text config); what is per layer (a list as long as the
     depth, a dict by layer index) cut to the new depth; ``head_dim`` the new width's share of
     the heads; vocabulary and special-token ids kept."""
-    staged = any(isinstance(values.get(k), list) for k in STAGE_DEPTHS)  # then num_layers
-    depth = None if staged else next(  # counts stages, and lists are per stage
+    # a backbone with blocks per stage (Swin's depths): its num_layers counts the stages,
+    # and its lists are per stage, not per layer
+    staged = any(isinstance(values.get(k), list) for k in STAGE_DEPTHS)
+    depth = None if staged else next(
         (values[k] for k in DEPTHS if isinstance(values.get(k), int)), None)
     out = {}
     for key, value in values.items():
