@@ -47,6 +47,15 @@ def test_shrinking_keeps_a_config_consistent_with_itself():
     assert tiny_config("resnet").depths == [1, 1, 1, 1]  # a block per stage
     gptj = tiny_config("gptj")  # its rotary share within a head
     assert gptj.rotary_dim <= gptj.n_embd // gptj.n_head
+    swin = tiny_config("swin")  # heads per stage; num_layers counts the stages
+    assert swin.num_layers == len(swin.depths) == len(swin.num_heads) == 4
+    assert all(swin.embed_dim * 2 ** i % heads == 0 for i, heads in enumerate(swin.num_heads))
+    assert tiny_config("hiera").image_size == [64, 64]  # height and width
+    assert tiny_config("esmc").num_key_value_heads == tiny_config("esmc").num_attention_heads
+    squeeze = tiny_config("squeezebert")  # a width equal to the hidden size follows it
+    assert squeeze.embedding_size == squeeze.hidden_size
+    assert tiny_config("albert").embedding_size == 128  # one of its own stays
+    assert "full_attention" in tiny_config("qwen3_5").text_config.layer_types  # every kind
 
 
 def test_a_run_out_of_time_starts_no_check_and_keeps_the_records(tmp_path):
