@@ -179,3 +179,25 @@ def test_a_complex_value_read_by_an_unconverted_op_is_refused_by_name():
     with pytest.raises(NotImplementedError, match=r"reads the complex tensor .*only "
                                                   r"_fft_c2c.default, _conj.default"):
         translate(program)
+
+
+class _Dropping(torch.nn.Module):
+    def __init__(self, rate: float):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.drop = torch.nn.Dropout(rate)
+
+    def forward(self, x):
+        return self.drop(self.proj(x))
+
+
+def test_a_layer_drawing_random_numbers_in_training_is_refused_by_name():
+    """Dropout above 0 in training mode: a compiled step is deterministic, and TVM's
+    conversion (the identity) would train another model than PyTorch trains."""
+    from pipelines.frontends.torch_module import export
+
+    export(_Dropping(0.0), {"x": torch.randn(2, 4)})  # off: nothing is drawn
+    with pytest.raises(ConfigError, match=r"drop \(Dropout\) draws random numbers in "
+                                          r"training mode \(aten.dropout, p=0.5\)"):
+        export(_Dropping(0.5), {"x": torch.randn(2, 4)})
+

@@ -1,12 +1,53 @@
 """Rewrites of a torch.export program that TVM's importer, or saving the program, cannot
 take as PyTorch gives it: what a ``torch.no_grad()`` block computes, detached where it is read
 (translating inlines the block and would forget it), and a boolean mask's data-dependent
-selection, where only each row's last pick is read, with static shapes."""
+selection, where only each row's last pick is read, with static shapes; and the refusal of a
+program that draws random numbers in training mode."""
 from __future__ import annotations
 
 import operator
 
 import torch
+
+from pipelines.schema import ConfigError
+
+# ops that draw random numbers (in place too: uniform_); dropout's only at a probability above 0
+RANDOM = {"bernoulli", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
+          "randperm", "uniform", "normal", "exponential", "multinomial", "geometric",
+          "log_normal", "cauchy"}
+DROPOUT = {"dropout", "native_dropout", "feature_dropout", "alpha_dropout",
+           "feature_alpha_dropout"}
+
+
+def module_of(node) -> str:
+    """The innermost PyTorch module an FX node ran in, as "path (Type)"."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "<model>"
+    path, kind = list(stack.values())[-1]
+    return f"{path or '<model>'} ({str(kind).rsplit('.', 1)[-1]})"
+
+
+def refuse_randomness(program: torch.export.ExportedProgram) -> None:
+    """A ConfigError naming the first layer of ``program`` that draws random numbers in
+    training mode (dropout above 0, stochastic depth, a router's sampling): a compiled step is
+    deterministic and cannot draw PyTorch's numbers, and treating the draw as its expectation
+    would train another model than PyTorch trains."""
+    for node in program.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        name = schema.name.split("::")[-1].rstrip("_")
+        if name in DROPOUT:
+            rate, training = (list(node.args[1:3]) + [True])[:2]
+            if not training or not rate:
+                continue
+        elif name not in RANDOM:
+            continue
+        raise ConfigError(f"{module_of(node)} draws random numbers in training mode "
+                          f"(aten.{name}{f', p={rate}' if name in DROPOUT else ''}); a "
+                          "compiled step is deterministic: set its probability to 0 (or the "
+                          "config's *dropout* / *drop_path* settings) before exporting")
 
 
 def no_grad_as_detach(program: torch.export.ExportedProgram) -> None:

@@ -18,7 +18,8 @@ from torch.export.graph_signature import InputKind
 from tvm import relax
 from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
-from pipelines.frontends.export_rewrites import no_grad_as_detach
+from pipelines.frontends.export_rewrites import (module_of, no_grad_as_detach,
+                                                refuse_randomness)
 from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
 from pipelines.frontends.layers import tied_parameters
 from pipelines.frontends.torch_converters import (COMPLEX_AWARE, CONVERTERS, FLOAT_RESULTS,
@@ -57,22 +58,13 @@ def _batch_norm_training(state: _BufferState):
     return convert
 
 
-def _module_of(node) -> str:
-    """The innermost PyTorch module an FX node ran in, as "path (Type)"."""
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return "<model>"
-    path, kind = list(stack.values())[-1]
-    return f"{path or '<model>'} ({str(kind).rsplit('.', 1)[-1]})"
-
-
 def _recording(convert, produced: dict, takes_importer: bool):
     """Wrap a converter so the Relax var it returns is tagged with the node's module."""
 
     def wrapped(node, importer):
         value = convert(node, importer) if takes_importer else convert(node)
         if isinstance(value, relax.Var):
-            produced[value] = _module_of(node)
+            produced[value] = module_of(node)
         return value
 
     return wrapped
@@ -111,6 +103,7 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
     model's inputs."""
     state, produced = _BufferState(), {}
     tied = tied_parameters(program)
+    refuse_randomness(program)  # a saved program (.pt2) is checked here
     _views_as_reshapes(program)
     no_grad_as_detach(program)
     # Core ATen ops, as TVM's from_exported_program does (adaptive pooling becomes a mean),
