@@ -462,6 +462,17 @@ def test_onnx_bad_input_is_named(tmp_path):
     celu = load_onnx(tiny_graph("Celu", tmp_path / "celu.onnx"))
     with pytest.raises(ConfigError, match=r"celu\.onnx: .*Celu \(node 'my_celu'\)"):
         check_supported(celu.graph, tmp_path / "celu.onnx")
+    # A Dropout exported in training mode draws random numbers (TVM's is the identity).
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    drop = helper.make_graph([
+        helper.make_node("Constant", [], ["ratio"],
+                         value=helper.make_tensor("r", TensorProto.FLOAT, [], [0.5])),
+        helper.make_node("Constant", [], ["training"],
+                         value=helper.make_tensor("t", TensorProto.BOOL, [], [True])),
+        helper.make_node("Dropout", ["x", "ratio", "training"], ["y"], name="my_dropout")],
+        "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    with pytest.raises(ConfigError, match=r"node 'my_dropout' \(Dropout\) draws random"):
+        check_supported(drop, tmp_path / "drop.onnx")
     # Several inputs are the step's inputs, in order; a dynamic dimension other than the
     # batch is bound by name from the model's dims, or named in the error.
     two = load_onnx(tiny_graph("Add", tmp_path / "two.onnx", inputs=("x", "z"),

@@ -151,14 +151,32 @@ def trainable(model: onnx.ModelProto) -> list[str]:
     return sorted(names, key=lambda name: first_use.get(name, (len(model.graph.node), 0)))
 
 
+RANDOM = {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike",
+          "Bernoulli", "Multinomial"}
+
+
 def check_supported(graph: onnx.GraphProto, source: Path) -> None:
-    """Every node's operator has a converter; else an error naming the ops and their nodes."""
+    """Every node's operator has a converter; else an error naming the ops and their nodes.
+    A node that draws random numbers (a random op, a Dropout in training mode: an export with
+    ``training=TrainingMode.TRAINING``) is refused: TVM converts Dropout as the identity, and a
+    compiled step is deterministic."""
     known = set(_get_convert_map()) | BUILT_IN
     missing = [(n.op_type, n.name or n.output[0]) for n in graph.node if n.op_type not in known]
     if missing:
         listed = ", ".join(f"{op} (node {name!r})" for op, name in missing[:8])
         raise ConfigError(f"{source}: operators TVM's ONNX frontend cannot convert: {listed}"
                           + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    values.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                   if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    for node in graph.node:
+        training = node.op_type == "Dropout" and len(node.input) > 2 and bool(
+            values.get(node.input[2], False)) and float(values.get(node.input[1], 0.5)) > 0
+        if node.op_type in RANDOM or training:
+            raise ConfigError(f"{source}: node {node.name or node.output[0]!r} ({node.op_type}) "
+                              "draws random numbers in training mode; a compiled step is "
+                              "deterministic: export the model with its dropout at 0, or in "
+                              "eval mode where it has no batch norm to train")
 
 
 class _Importer(ONNXGraphImporter):
