@@ -44,10 +44,11 @@ def refuse_randomness(program: torch.export.ExportedProgram) -> None:
                 continue
         elif name not in RANDOM:
             continue
-        raise ConfigError(f"{module_of(node)} draws random numbers in training mode "
-                          f"(aten.{name}{f', p={rate}' if name in DROPOUT else ''}); a "
-                          "compiled step is deterministic: set its probability to 0 (or the "
-                          "config's *dropout* / *drop_path* settings) before exporting")
+        advice = (f"(aten.{name}, p={rate}); a compiled step is deterministic: set the "
+                  "probability to 0 (or the config's *dropout* / *drop_path* settings)"
+                  if name in DROPOUT else f"(aten.{name}); a compiled step is deterministic "
+                  "and cannot draw PyTorch's numbers")
+        raise ConfigError(f"{module_of(node)} draws random numbers in training mode {advice}")
 
 
 def no_grad_as_detach(program: torch.export.ExportedProgram) -> None:
