@@ -25,7 +25,7 @@ from pipelines.ir import signature_of, without_signature
 from pipelines.phases import Lowered
 from pipelines.transform import (BoolOpsAsInts, EmptyConstantsAsZeros, FlattenTakeIndices,
                                  FoldConstantReshapes, FreezeStatistics, FrozenNormsElementwise,
-                                 MaxPoolGradInBounds, PlainPowers,
+                                 MaxPoolGradInBounds, NonFiniteFills, PlainPowers,
                                  PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
                                  SliceChannelUpdates, SplitAsSlices)
 from pipelines.transform.freeze_statistics import norm_scales
@@ -179,6 +179,29 @@ def test_plain_powers_become_multiplies():
     _, got = run(after, "main", args)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_non_finite_fills_become_broadcasts_that_legalize():
+    """TVM's legalization of full(-inf) fails ("PrimType is not iterable"); the broadcast of
+    the constant is the same tensor, and a finite fill is left as it is."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 3], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            low = bb.emit(relax.op.full_like(x, relax.const(float("-inf"), "float32")))
+            zero = bb.emit(relax.op.full(relax.ShapeExpr([2, 3]), relax.const(0.0, "float32")))
+            out = bb.emit_output(relax.op.maximum(relax.op.maximum(low, x), zero))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after = NonFiniteFills()(before)
+    assert "relax.full_like" in count_ops(before["main"])
+    assert "relax.full_like" not in count_ops(after["main"])
+    assert "relax.full" in count_ops(after["main"])  # the zeros stay
+    with pytest.raises(TypeError, match="PrimType"):
+        tvm.compile(before, target="llvm")
+    x = np.array([[-1.0, 2.0, 0.5], [3.0, -4.0, 0.0]], "float32")
+    _, got = run(after, "main", [x])
+    np.testing.assert_array_equal(got[0], np.maximum(x, 0))
 
 
 def test_flatten_take_indices_looks_up_by_1d_indices():
