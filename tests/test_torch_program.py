@@ -182,13 +182,15 @@ def test_a_complex_value_read_by_an_unconverted_op_is_refused_by_name():
 
 
 class _Dropping(torch.nn.Module):
-    def __init__(self, rate: float):
+    def __init__(self, rate: float, attend: float = 0.0):
         super().__init__()
         self.proj = torch.nn.Linear(4, 4)
         self.drop = torch.nn.Dropout(rate)
+        self.attend = attend
 
     def forward(self, x):
-        return self.drop(self.proj(x))
+        h = self.drop(self.proj(x))[:, None, None]
+        return torch.nn.functional.scaled_dot_product_attention(h, h, h, dropout_p=self.attend)
 
 
 def test_a_layer_drawing_random_numbers_in_training_is_refused_by_name():
@@ -200,4 +202,6 @@ def test_a_layer_drawing_random_numbers_in_training_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"drop \(Dropout\) draws random numbers in "
                                           r"training mode \(aten.dropout, p=0.5\)"):
         export(_Dropping(0.5), {"x": torch.randn(2, 4)})
+    with pytest.raises(ConfigError, match=r"aten.scaled_dot_product_attention, p=0.1"):
+        export(_Dropping(0.0, attend=0.1), {"x": torch.randn(2, 4)})  # attention's dropout
 

@@ -15,8 +15,10 @@ from pipelines.schema import ConfigError
 RANDOM = {"bernoulli", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
           "randperm", "uniform", "normal", "exponential", "multinomial", "geometric",
           "log_normal", "cauchy"}
-DROPOUT = {"dropout", "native_dropout", "feature_dropout", "alpha_dropout",
-           "feature_alpha_dropout"}
+# dropout: (the position of its probability, of its training flag: None where it has none)
+DROPOUT = {**dict.fromkeys(["dropout", "native_dropout", "feature_dropout", "alpha_dropout",
+                            "feature_alpha_dropout"], (1, 2)),
+           "scaled_dot_product_attention": (4, None)}
 
 
 def module_of(node) -> str:
@@ -39,7 +41,10 @@ def refuse_randomness(program: torch.export.ExportedProgram) -> None:
             continue
         name = schema.name.split("::")[-1].rstrip("_")
         if name in DROPOUT:
-            rate, training = (list(node.args[1:3]) + [True])[:2]
+            at, flag = DROPOUT[name]
+            rate = node.args[at] if len(node.args) > at else node.kwargs.get(
+                "dropout_p", node.kwargs.get("p", 0.0))
+            training = True if flag is None or len(node.args) <= flag else node.args[flag]
             if not training or not rate:
                 continue
         elif name not in RANDOM:
