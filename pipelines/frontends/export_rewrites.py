@@ -1,6 +1,7 @@
 """Rewrites of a torch.export program that TVM's importer, or saving the program, cannot
 take as PyTorch gives it: what a ``torch.no_grad()`` block computes, detached where it is read
-(translating inlines the block and would forget it), and a boolean mask's data-dependent
+(translating inlines the block and would forget it), and dropped where nothing reads it (a
+saved program cannot hold it), and a boolean mask's data-dependent
 selection, where only each row's last pick is read, with static shapes; and the refusal of a
 program that draws random numbers in training mode."""
 from __future__ import annotations
@@ -71,6 +72,22 @@ def no_grad_as_detach(program: torch.export.ExportedProgram) -> None:
                 detached = graph.call_function(torch.ops.aten.detach.default, (output,))
             detached.meta["val"] = output.meta.get("val")
             output.replace_all_uses_with(detached, delete_user_cb=lambda u: u is not detached)
+    program.graph_module.recompile()
+
+
+def drop_unread_grad_blocks(program: torch.export.ExportedProgram) -> None:
+    """``program`` without the ``torch.no_grad()`` blocks whose results nothing reads
+    (Phi-4 multimodal's check for image tokens in a text-only batch): torch.export.save writes
+    such a block without its empty result, and torch.export.load refuses what it wrote."""
+    graph = program.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and "wrap_with_set_grad_enabled" in str(node.target) \
+                and not node.users:
+            body = node.args[1]
+            graph.erase_node(node)
+            if body.op == "get_attr" and not body.users:
+                graph.erase_node(body)
+                delattr(program.graph_module, body.target)
     program.graph_module.recompile()
 
 

@@ -102,7 +102,8 @@ class LayerScale(nn.Module):
     reshaped to [channels, 1, 1], which the backward pass reads again after the vector's
     own update could have been written (the update in place waits for every reader); its
     features divided by a statistic taken under ``torch.no_grad()`` (the shift read there alone
-    gets no gradient) and rounded straight through (``detach``)."""
+    gets no gradient) and rounded straight through (``detach``); a no_grad block whose result
+    nothing reads (Phi-4 multimodal's check for image tokens), which a saved program lost."""
 
     def __init__(self):
         super().__init__()
@@ -119,6 +120,8 @@ class LayerScale(nn.Module):
         h = h + self.scale[:, None, None] * self.mix(pooled)
         with torch.no_grad():
             spread = (h + self.shift).std()
+        with torch.no_grad():
+            (x == 0).logical_not()
         h = h / (1 + spread) + 0.1 * (h.round() - h).detach()
         return self.head(h.mean((2, 3)))
 
