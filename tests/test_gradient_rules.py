@@ -474,3 +474,33 @@ def test_slice_scatter_tile_and_flip_match_autograd():
     w = rng.standard_normal(x.shape).astype("float32")
     got = relax_grads(lambda a: relax.op.flip(a, 1), [x.shape], [x], w)
     np.testing.assert_allclose(got[0], torch_grads(lambda a: a.flip(1), [x], w)[0], **TOL)
+
+
+
+UNARY = [  # (relax op, PyTorch's, the inputs' range: inside each one's domain)
+    (relax.op.acos, torch.acos, (-0.9, 0.9)), (relax.op.asin, torch.asin, (-0.9, 0.9)),
+    (relax.op.atan, torch.atan, (-3, 3)), (relax.op.acosh, torch.acosh, (1.1, 4)),
+    (relax.op.asinh, torch.asinh, (-3, 3)), (relax.op.atanh, torch.atanh, (-0.9, 0.9)),
+    (relax.op.sinh, torch.sinh, (-3, 3)), (relax.op.cosh, torch.cosh, (-3, 3)),
+    (relax.op.tan, torch.tan, (-1.2, 1.2)), (relax.op.square, torch.square, (-3, 3)),
+    (lambda a: relax.op.nn.softplus(a, 2.0, 3.0),
+     lambda a: torch.nn.functional.softplus(a, 2.0, 3.0), (-3, 3)),
+    (lambda a: relax.op.nn.leakyrelu(a, 0.1),
+     lambda a: torch.nn.functional.leaky_relu(a, 0.1), (-3, 3)),
+    (relax.op.nn.selu, torch.selu, (-3, 3)),
+    (relax.op.round, torch.round, (-3, 3)), (relax.op.floor, torch.floor, (-3, 3)),
+    (relax.op.ceil, torch.ceil, (-3, 3)), (relax.op.trunc, torch.trunc, (-3, 3)),
+    (relax.op.sign, torch.sign, (-3, 3))]
+
+
+@pytest.mark.parametrize("op, reference, bounds", UNARY,
+                         ids=lambda v: getattr(v, "__name__", None) if callable(v) else "")
+def test_elementwise_rules_match_autograd(op, reference, bounds):
+    rng = np.random.default_rng(11)
+    x = rng.uniform(*bounds, (6, 7)).astype("float32")
+    x[0, :3] = np.clip(0.0, *bounds)  # the activations' kink: PyTorch's side of it
+    w = rng.standard_normal(x.shape).astype("float32")
+    name = op(relax.Var("x", tensor_type(x.shape, "float32"))).op.name
+    assert name not in rules.NO_RULE  # a rounding op's 0 is its rule's, not a missing rule's
+    got = relax_grads(op, [x.shape], [x], w)
+    np.testing.assert_allclose(got[0], torch_grads(reference, [x], w)[0], **TOL)

@@ -8,7 +8,7 @@ own modules: squeeze, topk, gather_elements and scatter_elements (routing,
 torch.gather/scatter); index_put (x[i, j] = v); slice_scatter (a slice written in place: linear
 attention's state, chunked caches), tile (DiffLlama's heads) and flip (a causal conv's
 reversed windows)), the layers in
-layer_rules.py, and the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated
+layer_rules.py, the elementwise ops in unary_rules.py, and the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated
 kernels; relu and abs, at 0: REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
@@ -35,6 +35,7 @@ from tvm.relax.op._op_gradient import no_grad
 
 from pipelines.ir import dtype_of, shape_of
 from pipelines.training.layer_rules import LAYER_REPLACED, LAYER_RULES, normalised_grad
+from pipelines.training.unary_rules import UNARY_RULES
 
 
 def clip_grad(orig_var, orig_call, output_grad, ctx):
@@ -382,6 +383,7 @@ RULES = {
     "relax.tile": tile_grad,
     "relax.flip": flip_grad,
     **LAYER_RULES,
+    **UNARY_RULES,
 }
 
 
