@@ -205,3 +205,39 @@ def test_a_layer_drawing_random_numbers_in_training_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"aten.scaled_dot_product_attention, p=0.1"):
         export(_Dropping(0.0, attend=0.1), {"x": torch.randn(2, 4)})  # attention's dropout
 
+
+
+class _RoundedStraightThrough(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.round()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _Quantised(torch.nn.Module):
+    def __init__(self, custom: bool):
+        super().__init__()
+        self.custom = custom
+        self.norm, self.proj = torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.norm(x)
+        h = _RoundedStraightThrough.apply(h) if self.custom else h + (h.round() - h).detach()
+        return self.proj(h)
+
+
+def test_a_custom_autograd_function_is_refused_by_name_and_leaves_the_module_as_it_was():
+    """torch.export keeps an autograd.Function's forward only: compiled, the straight-through
+    estimator would pass round's gradient (0), not its own backward's."""
+    from pipelines.frontends.torch_module import export
+
+    export(_Quantised(custom=False), {"x": torch.randn(2, 4)})  # the same, with detach
+    module = _Quantised(custom=True)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(ConfigError, match=r"_Quantised computes \['test_torch_program\."
+                                          r"_RoundedStraightThrough'\]: a torch.autograd"):
+        export(module, {"x": torch.randn(2, 4)})
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())

@@ -1,9 +1,9 @@
 """Rewrites of a torch.export program that TVM's importer, or saving the program, cannot
 take as PyTorch gives it: what a ``torch.no_grad()`` block computes, detached where it is read
 (translating inlines the block and would forget it), and dropped where nothing reads it (a
-saved program cannot hold it), and a boolean mask's data-dependent
-selection, where only each row's last pick is read, with static shapes; and the refusal of a
-program that draws random numbers in training mode."""
+saved program cannot hold it); a boolean mask's data-dependent selection, where only each
+row's last pick is read, with static shapes; and the refusal of a program that draws random
+numbers in training mode, or of a module whose gradient crosses a backward of its own."""
 from __future__ import annotations
 
 import operator
@@ -73,6 +73,39 @@ def no_grad_as_detach(program: torch.export.ExportedProgram) -> None:
             detached.meta["val"] = output.meta.get("val")
             output.replace_all_uses_with(detached, delete_user_cb=lambda u: u is not detached)
     program.graph_module.recompile()
+
+
+def refuse_custom_backward(module: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+    """A ConfigError naming the ``torch.autograd.Function``s whose own backward ``module``'s
+    loss would cross (a straight-through estimator, YOSO's approximate attention gradient):
+    torch.export keeps their forward only, and the compiled step would differentiate it,
+    training another model than PyTorch trains. Found by one forward on fake tensors (no
+    memory, no weight or running statistic touched), reading the autograd graph."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._pytree import tree_leaves
+
+    with FakeTensorMode() as mode, torch.enable_grad():
+        state = {name: mode.from_tensor(v) for name, v in
+                 [*module.named_parameters(), *module.named_buffers()]}
+        outputs = torch.func.functional_call(
+            module, state, (), {name: mode.from_tensor(v) for name, v in inputs.items()})
+    pending = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    seen, custom = set(), set()
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            cls = node._forward_cls
+            custom.add(f"{cls.__module__}.{cls.__qualname__}")
+        pending.extend(next_node for next_node, _ in node.next_functions)
+    if custom:
+        raise ConfigError(
+            f"{type(module).__name__} computes {sorted(custom)}: a torch.autograd.Function "
+            "with a backward of its own, which torch.export does not keep (the compiled step "
+            "would differentiate its forward instead); write it with differentiable ops (a "
+            "straight-through estimator: x + (f(x) - x).detach())")
 
 
 def drop_unread_grad_blocks(program: torch.export.ExportedProgram) -> None:

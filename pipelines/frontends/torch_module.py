@@ -146,13 +146,15 @@ def export(module: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     """torch.export of ``module`` in training mode, inputs by name in ``forward``'s order."""
     import torch
 
-    from pipelines.frontends.export_rewrites import (drop_unread_grad_blocks, refuse_randomness,
+    from pipelines.frontends.export_rewrites import (drop_unread_grad_blocks,
+                                                     refuse_custom_backward, refuse_randomness,
                                                      static_masked_rows)
 
     order = list(inspect.signature(module.forward).parameters)
     ordered = {name: inputs[name] for name in order if name in inputs}
     program = torch.export.export(module.train(), (), kwargs=ordered)
     refuse_randomness(program)  # before saving: a random in-place op does not load back
+    refuse_custom_backward(module, ordered)
     drop_unread_grad_blocks(program)
     return static_masked_rows(program)
 

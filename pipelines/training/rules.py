@@ -469,10 +469,20 @@ def _float_only(rule):
     return wrapped
 
 
+# ops whose result does not depend on their first argument's values, only on its shape
+SHAPE_ONLY = {"relax.zeros_like", "relax.ones_like", "relax.full_like", "relax.shape_of"}
+
+
 def stops_gradient(value: relax.Expr) -> bool:
     """Whether ``value`` is a detached one (``R.grad.no_grad``: PyTorch's detach, a no_grad
-    block's result), which no gradient crosses."""
-    return isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.grad.no_grad"
+    block's result) or one made from its argument's shape only (MRA's attention without its
+    kernels: ``zeros_like(query)``), which no gradient crosses."""
+    if not isinstance(value, relax.Call):
+        return False
+    name = getattr(value.op, "name", "")
+    return name == "relax.grad.no_grad" or name in SHAPE_ONLY and all(
+        isinstance(arg, tvm.ir.expr.Constant) for arg in value.args[1:])  # a fill value that
+    # the parameters compute passes its gradient on
 
 
 def carries_gradient(expr: relax.Expr) -> bool:

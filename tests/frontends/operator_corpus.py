@@ -103,7 +103,9 @@ class LayerScale(nn.Module):
     own update could have been written (the update in place waits for every reader); its
     features divided by a statistic taken under ``torch.no_grad()`` (the shift read there alone
     gets no gradient) and rounded straight through (``detach``); a no_grad block whose result
-    nothing reads (Phi-4 multimodal's check for image tokens), which a saved program lost."""
+    nothing reads (Phi-4 multimodal's check for image tokens), which a saved program lost; a
+    layer read for its shape alone (``zeros_like``: MRA's attention without its kernels),
+    which gets no gradient."""
 
     def __init__(self):
         super().__init__()
@@ -112,6 +114,7 @@ class LayerScale(nn.Module):
         self.mix = nn.Conv2d(8, 8, 1)
         self.scale = nn.Parameter(torch.full((8,), 1e-2))
         self.shift = nn.Parameter(torch.ones(8, 1, 1))
+        self.shaped = nn.Conv2d(3, 8, 1)
         self.head = nn.Linear(8, CLASSES)
 
     def forward(self, x):
@@ -122,7 +125,7 @@ class LayerScale(nn.Module):
             spread = (h + self.shift).std()
         with torch.no_grad():
             (x == 0).logical_not()
-        h = h / (1 + spread) + 0.1 * (h.round() - h).detach()
+        h = h / (1 + spread) + 0.1 * (h.round() - h).detach() + torch.zeros_like(self.shaped(x))
         return self.head(h.mean((2, 3)))
 
 
