@@ -181,7 +181,7 @@ def check(mapping: str, model_type: str, name: str, directory: Path) -> dict:
     {architecture, model_type, task, phase, error}; ``directory`` holds its config and build."""
     import torch
 
-    from pipelines.frontends.transformers import own_loss_shifts
+    from pipelines.frontends.transformers import own_loss_task
 
     task, inputs = TASKS[mapping]
     if inputs == ["pixel_values"] and not _takes(name, "pixel_values"):
@@ -192,10 +192,15 @@ def check(mapping: str, model_type: str, name: str, directory: Path) -> dict:
         module, model, cls = _model(model_type, name, task, inputs, directory)
         phase = "pytorch"
         batch = _batch(module, task, inputs)
-        if task == "causal_lm" and not own_loss_shifts(
-                module, {n: batch[n] for n in inputs}, batch["labels"]):
-            model = model.model_copy(update={"task": "masked_lm"})  # the class's own loss
-            record["loss"] = "unshifted"
+        if task == "causal_lm":
+            own = own_loss_task(module, {n: batch[n] for n in inputs}, batch["labels"])
+            if own is None:
+                record.update(phase="matches", error="its class's own loss is not cross "
+                              "entropy of its logits, shifted or not: a loss no step computes")
+                return record
+            if own != task:
+                model = model.model_copy(update={"task": own})  # the class's own loss
+                record["loss"] = "unshifted"
         state = {k: v.clone() for k, v in module.state_dict().items()}
         want_loss, want_state, want_trained = _pytorch_step(module, cls, inputs, batch)
         record.update(phase=_compiled_phase(model, model.task, inputs, batch, directory, state,

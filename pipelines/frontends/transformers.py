@@ -242,11 +242,12 @@ def _for_class(cls: type, config):
     return config
 
 
-def own_loss_shifts(module, inputs: dict, labels) -> bool:
-    """Whether the class's own language-model loss (``labels=``) predicts the next token
-    (shifts the labels, as LLaMA's does: the step's ``causal_lm``) or the token at each
-    position (BART's, Blenderbot's and TrOCR's decoders: the step's ``masked_lm``), read off
-    one forward pass on ``inputs``."""
+def own_loss_task(module, inputs: dict, labels) -> str | None:
+    """The step's task whose loss is the class's own language-model loss (``labels=``):
+    ``causal_lm`` where it predicts the next token (shifts the labels, as LLaMA's does),
+    ``masked_lm`` where it predicts the token at each position (BART's, Blenderbot's and
+    TrOCR's decoders), None where it is neither cross entropy of its logits (ProphetNet's
+    n-gram streams); read off one forward pass on ``inputs``."""
     import torch
 
     with torch.no_grad():
@@ -254,9 +255,11 @@ def own_loss_shifts(module, inputs: dict, labels) -> bool:
         out = base.forward(module, **inputs, labels=labels, return_dict=True)
         vocab = out.logits.shape[-1]
         cross = torch.nn.functional.cross_entropy
-        shifted = cross(out.logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1))
-        plain = cross(out.logits.reshape(-1, vocab), labels.reshape(-1))
-    return abs(float(out.loss - shifted)) <= abs(float(out.loss - plain))
+        losses = {"causal_lm": cross(out.logits[:, :-1].reshape(-1, vocab),
+                                     labels[:, 1:].reshape(-1)),
+                  "masked_lm": cross(out.logits.reshape(-1, vocab), labels.reshape(-1))}
+    task = min(losses, key=lambda t: abs(float(out.loss - losses[t])))
+    return task if abs(float(out.loss - losses[task])) <= 1e-4 * abs(float(out.loss)) else None
 
 
 def pretrained_module(model, state: dict[str, torch.Tensor]) -> torch.nn.Module:
