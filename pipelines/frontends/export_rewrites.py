@@ -79,16 +79,23 @@ def refuse_custom_backward(module: torch.nn.Module, inputs: dict[str, torch.Tens
     """A ConfigError naming the ``torch.autograd.Function``s whose own backward ``module``'s
     loss would cross (a straight-through estimator, YOSO's approximate attention gradient):
     torch.export keeps their forward only, and the compiled step would differentiate it,
-    training another model than PyTorch trains. Found by one forward on fake tensors (no
-    memory, no weight or running statistic touched), reading the autograd graph."""
+    training another model than PyTorch trains. Found by one forward, reading its autograd
+    graph: on fake tensors (no memory), or where the model reads a value (XLM's
+    ``lengths.max().item()``) on the weights and copies of the buffers (the running statistics
+    stay as they were)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._pytree import tree_leaves
 
-    with FakeTensorMode() as mode, torch.enable_grad():
-        state = {name: mode.from_tensor(v) for name, v in
-                 [*module.named_parameters(), *module.named_buffers()]}
-        outputs = torch.func.functional_call(
-            module, state, (), {name: mode.from_tensor(v) for name, v in inputs.items()})
+    try:
+        with FakeTensorMode() as mode, torch.enable_grad():
+            state = {name: mode.from_tensor(v) for name, v in
+                     [*module.named_parameters(), *module.named_buffers()]}
+            outputs = torch.func.functional_call(
+                module, state, (), {name: mode.from_tensor(v) for name, v in inputs.items()})
+    except Exception:  # the fake tensors hold no values to read
+        with torch.enable_grad():
+            buffers = {name: v.clone() for name, v in module.named_buffers()}
+            outputs = torch.func.functional_call(module, buffers, (), dict(inputs))
     pending = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
     seen, custom = set(), set()
     while pending:
