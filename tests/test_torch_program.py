@@ -181,6 +181,27 @@ def test_a_complex_value_read_by_an_unconverted_op_is_refused_by_name():
         translate(program)
 
 
+class _Selecting(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.proj(x)
+        return h[h[:, 0] > 0].sum()
+
+
+def test_a_boolean_mask_selection_is_refused_by_name():
+    """x[mask] holds as many rows as the data decides; TVM's conversion stopped on a
+    ``take`` of booleans."""
+    from pipelines.frontends.torch_program import translate
+
+    program = torch.export.export(_Selecting(), (torch.randn(3, 4),))
+    with pytest.raises(ConfigError, match=r"<model> \(_Selecting\) indexes a tensor with a "
+                                          r"boolean mask"):
+        translate(program)
+
+
 class _Dropping(torch.nn.Module):
     def __init__(self, rate: float, attend: float = 0.0):
         super().__init__()

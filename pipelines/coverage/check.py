@@ -64,6 +64,7 @@ SMALL = {
 }
 # a backbone's chosen stages, named by depth ("stage12"): left to the shrunk depth's default
 STAGES = ["out_features", "out_indices"]
+TOP_K = ["num_experts_per_tok", "num_experts_per_token"]
 STAGE_DEPTHS = ["depths"]  # a vision backbone's blocks per stage: one each
 HEADS = ["num_attention_heads", "num_heads"]
 
@@ -107,6 +108,8 @@ def _shrunk(values: dict) -> dict:
             out[key] = [1] * len(value)
         elif key in DEPTHS and staged:
             out[key] = value
+        elif key in TOP_K and isinstance(value, int):  # no more experts per token than
+            out[key] = min(value, SMALL[key])  # the default picks (ZAYA's one)
         elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
             out[key] = SMALL[key]
         elif key in SMALL and _ints(value):  # per layer or stage (heads), an image's sides
@@ -131,6 +134,11 @@ def _shrunk(values: dict) -> dict:
         out["head_dim"] = width // out["num_attention_heads"]
     elif {"head_dim", "num_heads", "expand"} <= set(out) and width:  # Mamba-2's mixer:
         out["head_dim"] = width * out["expand"] // out["num_heads"]  # heads x size = expand x width
+    if {"d_head", "d_model", "n_head"} <= set(out):  # XLNet's head: its share of d_model
+        out["d_head"] = out["d_model"] // out["n_head"]
+    if "default_language" in values and values["default_language"] is None \
+            and values.get("languages"):
+        out["default_language"] = values["languages"][0]  # X-MOD's adapters: one is read
     if {"qk_rope_head_dim", "qk_nope_head_dim"} <= set(out):
         # latent attention: a head's query/key is nope + rope wide, the rotary part is
         # "head_dim"; keys and values come from one latent per head

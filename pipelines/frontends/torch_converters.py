@@ -29,6 +29,7 @@ from tvm.relax.op import (add, astype, concat, divide, expand_dims, floor,
 from tvm.relax.op.nn import max_pool2d
 
 from pipelines.ir import dtype_of, shape_of
+from pipelines.schema import ConfigError
 
 
 def _arg(node, index: int, default):
@@ -69,8 +70,13 @@ def index_tensor(node, importer):
     with a whole axis before them (ConvBERT's) as an outer product."""
     x, indices = importer.retrieve_args(node)[:2]
     emit, rank = importer.block_builder.emit, len(shape_of(x))
-    if any(i is not None and "int" not in dtype_of(i) for i in indices):  # a boolean mask
-        return importer._index_tensor(node)
+    if any(i is not None and "int" not in dtype_of(i) for i in indices):
+        from pipelines.frontends.export_rewrites import module_of
+
+        raise ConfigError(f"{module_of(node)} indexes a tensor with a boolean mask "
+                          "(x[mask]): it selects as many elements as the mask holds, a "
+                          "number the data decides, and a compiled step's shapes are static; "
+                          "keep the shape: torch.where(mask, x, 0), or x * mask")
     wrapped = {}
     for axis, index in enumerate(indices):
         if index is not None:

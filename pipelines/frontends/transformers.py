@@ -204,7 +204,7 @@ def example_inputs(model, config, names: list[str]) -> dict[str, torch.Tensor]:
         seq = _size(model, "sequence", getattr(data, "seq_len", None))
         text = config.get_text_config()  # a multimodal model's text settings are its own
         longest = getattr(text, "max_position_embeddings", None)
-        if longest and seq > longest:
+        if longest and longest > 0 and seq > longest:  # XLNet's -1: relative, no limit
             raise ConfigError(f"models.<name>.dims.sequence={seq} is longer than the model's "
                               f"max_position_embeddings ({longest}); allowed: 1..{longest}")
         if name == "input_ids":
