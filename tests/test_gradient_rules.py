@@ -193,11 +193,11 @@ def test_op_without_rule_is_named_with_its_binding():
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            out = bb.emit(relax.op.atan(x))
+            out = bb.emit(relax.op.atan2(x, x))
             bb.emit_output(out)
         bb.emit_func_output(out)
     missing = rules.ops_without_gradient(bb.get()["main"])
-    assert missing == [("relax.atan", out.name)]
+    assert missing == [("relax.atan2", out.name)]
 
 
 def test_missing_rule_error_names_the_pytorch_layer():
@@ -205,15 +205,15 @@ def test_missing_rule_error_names_the_pytorch_layer():
     from pipelines.training.graph import MissingGradientRule, build_train_step
     from pipelines.training.optimizers import SGD
 
-    class Atan(torch.nn.Module):
+    class Angle(torch.nn.Module):
         def forward(self, x):
-            return torch.atan(x)
+            return torch.atan2(x, x + 1)
 
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Sequential(Atan()),
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Sequential(Angle()),
                                 torch.nn.Linear(8, 3))
     program = torch.export.export(model, (torch.zeros(2, 4),))
     main, names, origins = translate(program)
-    with pytest.raises(MissingGradientRule, match=r"relax\.atan in layer 1\.0 \(Atan\)"):
+    with pytest.raises(MissingGradientRule, match=r"relax\.atan2 in layer 1\.0 \(Angle\)"):
         build_train_step(main, len(names), SGD(lr=0.1), origins)
 
 
@@ -504,3 +504,13 @@ def test_elementwise_rules_match_autograd(op, reference, bounds):
     assert name not in rules.NO_RULE  # a rounding op's 0 is its rule's, not a missing rule's
     got = relax_grads(op, [x.shape], [x], w)
     np.testing.assert_allclose(got[0], torch_grads(reference, [x], w)[0], **TOL)
+
+
+def test_stack_sends_each_operand_its_slice():
+    rng = np.random.default_rng(12)
+    a, b = (rng.standard_normal((3, 4)).astype("float32") for _ in range(2))
+    w = rng.standard_normal((3, 2, 4)).astype("float32")
+    got = relax_grads(lambda x, y: relax.op.stack([x, y], axis=1), [a.shape, b.shape], [a, b], w)
+    want = torch_grads(lambda x, y: torch.stack([x, y], 1), [a, b], w)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, **TOL)

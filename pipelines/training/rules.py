@@ -7,7 +7,7 @@ masks); Keras: pad (ZeroPadding2D; negative widths cut, as F.fold's export does)
 own modules: squeeze, topk, gather_elements and scatter_elements (routing,
 torch.gather/scatter); index_put (x[i, j] = v); slice_scatter (a slice written in place: linear
 attention's state, chunked caches), tile (DiffLlama's heads) and flip (a causal conv's
-reversed windows)), the layers in
+reversed windows), stack (ONNX's Max of several tensors)), the layers in
 layer_rules.py, the elementwise ops in unary_rules.py, and the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated
 kernels; relu and abs, at 0: REPLACED).
 
@@ -136,6 +136,15 @@ def strided_slice_grad(orig_var, orig_call, output_grad, ctx):
 def squeeze_grad(orig_var, orig_call, output_grad, ctx):
     """y = x without some size-1 axes: dx is dy with them back."""
     return [reshape(output_grad, shape_of(orig_call.args[0]))]
+
+
+def stack_grad(orig_var, orig_call, output_grad, ctx):
+    """y = stack((x1, x2, ...), axis): each x's gradient is its slice of dy along the new
+    axis, without that axis (ONNX's Max, Min, Mean and Sum of several tensors stack them)."""
+    axis = int(orig_call.attrs.axis) % len(shape_of(orig_var))
+    parts = orig_call.args[0].ty.fields
+    return [relax.Tuple([reshape(strided_slice(output_grad, [axis], [i], [i + 1]),
+                                 [int(d) for d in part.shape]) for i, part in enumerate(parts)])]
 
 
 def flip_grad(orig_var, orig_call, output_grad, ctx):
@@ -382,6 +391,7 @@ RULES = {
     "relax.slice_scatter": slice_scatter_grad,
     "relax.tile": tile_grad,
     "relax.flip": flip_grad,
+    "relax.stack": stack_grad,
     **LAYER_RULES,
     **UNARY_RULES,
 }
