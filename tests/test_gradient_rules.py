@@ -514,3 +514,22 @@ def test_stack_sends_each_operand_its_slice():
     want = torch_grads(lambda x, y: torch.stack([x, y], 1), [a, b], w)
     for g, t in zip(got, want):
         np.testing.assert_allclose(g, t, **TOL)
+
+
+@pytest.mark.parametrize("reduction", ["max", "min"])
+def test_scatter_maximum_and_minimum_share_the_gradient_among_ties_as_pytorch(reduction):
+    """scatter_reduce's amax/amin: data's and the updates' values equal to the result share
+    its gradient (one tie is forced between the data and an update, one among updates)."""
+    rng = np.random.default_rng(13)
+    data = rng.standard_normal((3, 4)).astype("float32")
+    updates = rng.standard_normal((5, 4)).astype("float32")
+    index = rng.integers(0, 3, (5, 4))
+    index[:2, 0] = 1
+    updates[1, 0] = updates[0, 0] = data[1, 0] = 9.0 if reduction == "max" else -9.0
+    w = rng.standard_normal(data.shape).astype("float32")
+    got = relax_grads(lambda d, u: relax.op.scatter_elements(
+        d, relax.const(index), u, 0, reduction), [data.shape, updates.shape], [data, updates], w)
+    want = torch_grads(lambda d, u: d.scatter_reduce(
+        0, torch.from_numpy(index), u, "a" + reduction), [data, updates], w)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, **TOL)

@@ -1,6 +1,7 @@
 """Converters for core ATen operators that TVM 0.27's exported-program importer does not
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
-``scatter_add``, ``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``;
+``scatter_add`` and ``scatter_reduce``, ``_embedding_bag`` (nn.EmbeddingBag) and
+``adaptive_max_pool2d``;
 ``index.Tensor`` as PyTorch indexes (TVM's conversion read a negative index out of bounds)
 and ``index_put`` with whole axes among its indices (``F.fold``); ops PyTorch computes in
 floating point from integer inputs (``log``, ``sqrt``, true division: FLOAT_RESULTS), which
@@ -21,11 +22,11 @@ import operator
 import numpy as np
 import torch
 from tvm import relax
-from tvm.relax.op import (add, astype, concat, divide, expand_dims, floor,
-                          floor_divide, floor_mod, greater_equal, less, logical_and, matmul,
-                          max as rmax, maximum, multiply, negative, not_equal, permute_dims,
-                          scatter_elements, strided_slice, subtract, sum as rsum, take,
-                          trunc, where)
+from tvm.relax.op import (add, astype, broadcast_to, concat, divide, expand_dims, floor,
+                          floor_divide, floor_mod, full_like, greater, greater_equal, less,
+                          logical_and, matmul, max as rmax, maximum, multiply, negative,
+                          not_equal, ones_like, permute_dims, scatter_elements, strided_slice,
+                          subtract, sum as rsum, take, trunc, where, zeros_like)
 from tvm.relax.op.nn import max_pool2d
 
 from pipelines.ir import dtype_of, shape_of
@@ -55,10 +56,51 @@ def scatter_add(node, importer):
     """aten.scatter_add(x, dim, index, src): src's elements added at ``index`` along ``dim``.
     Only the part of src that index covers is read, as in PyTorch."""
     x, dim, index, src = (importer.env.get(a, a) for a in node.args[:4])
-    if shape_of(src) != shape_of(index):
-        src = strided_slice(src, list(range(len(shape_of(index)))), [0] * len(shape_of(index)),
-                            shape_of(index))
+    src = _covered(src, index)
     return importer.block_builder.emit(scatter_elements(x, index, src, int(dim), "add"))
+
+
+def _covered(src, index):
+    """The part of ``src`` that ``index`` covers (a scatter reads no more of it)."""
+    if shape_of(src) == shape_of(index):
+        return src
+    rank = len(shape_of(index))
+    return strided_slice(src, list(range(rank)), [0] * rank, shape_of(index))
+
+
+# scatter_reduce's reductions: TVM's name, and the value a reduction starts from
+REDUCTIONS = {"sum": ("add", 0), "prod": ("mul", 1), "amax": ("max", -np.inf),
+              "amin": ("min", np.inf)}
+
+
+def scatter_reduce(node, importer):
+    """aten.scatter_reduce.two(x, dim, index, src, reduce, include_self=True): src's elements
+    reduced into x at ``index`` along ``dim`` (sum, prod, mean, amax, amin: TAPAS's segment
+    means and minima). TVM's reductions always start from x's value; without include_self, a
+    position written to starts from the reduction's identity instead, and a mean counts only
+    what was written there (plus x's value with include_self), as in PyTorch."""
+    x, dim, index, src = (importer.env.get(a, a) for a in node.args[:4])
+    reduce = node.args[4]
+    include_self = node.args[5] if len(node.args) > 5 else node.kwargs.get("include_self", True)
+    emit, dim, src = importer.block_builder.emit, int(dim), _covered(src, index)
+    dtype = dtype_of(x)
+    if reduce == "mean":
+        if "float" not in dtype:
+            raise NotImplementedError("scatter_reduce mean of integers (PyTorch rounds it)")
+        kept = relax.const(1.0 if include_self else 0.0, dtype)
+        start = x if include_self else emit(scatter_elements(x, index, zeros_like(src), dim))
+        sums = emit(scatter_elements(start, index, src, dim, "add"))
+        counts = emit(scatter_elements(full_like(x, kept), index, ones_like(src), dim, "add"))
+        return emit(where(greater(counts, relax.const(0.0, dtype)),
+                          divide(sums, maximum(counts, relax.const(1.0, dtype))), x))
+    mode, identity = REDUCTIONS[reduce]
+    if not include_self:
+        if "float" not in dtype and np.isinf(identity):
+            info = np.iinfo(dtype)
+            identity = info.min if identity < 0 else info.max
+        starts = broadcast_to(relax.const(identity, dtype), shape_of(src))  # not full_like:
+        x = emit(scatter_elements(x, index, starts, dim))  # TVM cannot build a full of -inf
+    return emit(scatter_elements(x, index, src, dim, mode))
 
 
 def index_tensor(node, importer):
@@ -483,6 +525,7 @@ CONVERTERS = {
     "upsample_bicubic2d.vec": interpolate,
     "amax.default": amax,
     "scatter_add.default": scatter_add,
+    "scatter_reduce.two": scatter_reduce,
     "index.Tensor": index_tensor,
     "index_put.default": index_put,
     "_embedding_bag.default": embedding_bag,

@@ -175,12 +175,23 @@ def gather_elements_grad(orig_var, orig_call, output_grad, ctx):
 def scatter_elements_grad(orig_var, orig_call, output_grad, ctx):
     """y = scatter_elements(data, indices, updates, axis, reduction): each update's gradient is
     dy where it was written (gathered back); data's is dy, less the positions an update
-    replaced (reduction "update") or all of it (reduction "add")."""
+    replaced (reduction "update") or all of it (reduction "add"). A maximum or minimum
+    ("max", "min": scatter_reduce's amax, amin) shares dy among the values equal to it, data's
+    and updates', as PyTorch does."""
     data, indices, updates = orig_call.args
     axis, reduction = int(orig_call.attrs.axis), orig_call.attrs.reduction
+    if reduction in ("max", "min"):
+        dtype = dtype_of(data)
+        data_ties = astype(equal(data, orig_var), dtype)
+        update_ties = astype(equal(updates, gather_elements(orig_var, indices, axis)), dtype)
+        ties = add(data_ties, scatter_elements(zeros_like(data), indices, update_ties, axis,
+                                               "add"))  # at least 1: y is one of them
+        share = divide(output_grad, ties)
+        return [multiply(share, data_ties), no_grad(indices),
+                multiply(gather_elements(share, indices, axis), update_ties)]
     if reduction not in ("update", "add"):
-        raise NotImplementedError(f"scatter_elements gradient: reduction 'update' or 'add' only "
-                                  f"(got {reduction!r})")
+        raise NotImplementedError(f"scatter_elements gradient: reduction 'update', 'add', "
+                                  f"'max' or 'min' only (got {reduction!r})")
     data_grad = (output_grad if reduction == "add" else
                  scatter_elements(output_grad, indices, zeros_like(updates), axis))
     return [data_grad, no_grad(indices), gather_elements(output_grad, indices, axis)]

@@ -140,7 +140,8 @@ class GatherScatter(nn.Module):
     integers, elements picked by two index lists, rows reversed by a range counting down, a
     cumulative sum, an einsum, a masked fill with a mask made from the input, and each row's
     last masked position read through a boolean mask (``x[mask].view(b, -1, d)[:, -1]``, as
-    BART's classifier reads its end-of-sentence tokens)."""
+    BART's classifier reads its end-of-sentence tokens); segment means and minima
+    (``scatter_reduce`` without the target's values: TAPAS's cells)."""
 
     def __init__(self):
         super().__init__()
@@ -169,8 +170,14 @@ class GatherScatter(nn.Module):
         reverse = h[:, torch.arange(4, -1, -1)] * torch.arange(2, -3, -1)[None, :, None]
         ends = (ids[:, :5] < 200).logical_and(torch.arange(5) % 2 == 0)  # rows 0, 2, 4
         final = h[ends].view(h.shape[0], -1, 6)[:, -1]            # [b, 6]: row 4
+        segments = down.expand(-1, -1, 6)                          # 5 rows into 5 segments
+        means = torch.ones_like(h).scatter_reduce(1, segments, h, "mean", include_self=False)
+        firsts = torch.full((h.shape[0], 5), 9.0).scatter_reduce(
+            1, down[..., 0], torch.arange(5.0).expand(h.shape[0], -1), "amin",
+            include_self=False)                                    # a segment's first row
         return self.head(bag + last + zipped + final
-                         + (picked + summed + running + mixed + reverse).mean(1))
+                         + (picked + summed + running + mixed + reverse + 0.1 * means).mean(1)
+                         + 0.1 * firsts.mean(1, keepdim=True))
 
 
 def gather_scatter(batch_size: int):
