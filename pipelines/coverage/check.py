@@ -98,8 +98,9 @@ def _shrunk(values: dict) -> dict:
         if depth and isinstance(value, dict) and value and all(
                 str(k).isdigit() and int(k) < depth for k in value):
             out[key] = {k: v for k, v in value.items() if int(k) < SMALL["num_hidden_layers"]}
-        elif isinstance(value, dict) and key.endswith("config"):
-            out[key] = _shrunk(value)
+        elif isinstance(value, dict) and (key.endswith("config") or "model_type" in value
+                                          or any(k in value for k in DEPTHS)):
+            out[key] = _shrunk(value)  # a nested config (T5Gemma's "encoder", "decoder")
         elif key in STAGES and depth and "stage_names" not in values:  # layer indices, not
             out[key] = [SMALL["num_hidden_layers"] - 1]  # stages (Data2Vec's): the last one
         elif key in STAGES:

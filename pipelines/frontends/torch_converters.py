@@ -1,5 +1,6 @@
 """Converters for core ATen operators that TVM 0.27's exported-program importer does not
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
+``clamp`` of integers with one bound,
 ``scatter_add`` and ``scatter_reduce``, ``_embedding_bag`` (nn.EmbeddingBag) and
 ``adaptive_max_pool2d``;
 ``index.Tensor`` as PyTorch indexes (TVM's conversion read a negative index out of bounds)
@@ -24,7 +25,7 @@ import torch
 from tvm import relax
 from tvm.relax.op import (add, astype, broadcast_to, concat, divide, expand_dims, floor,
                           floor_divide, floor_mod, full_like, greater, greater_equal, less,
-                          logical_and, matmul, max as rmax, maximum, multiply, negative,
+                          logical_and, matmul, max as rmax, maximum, minimum, multiply, negative,
                           not_equal, ones_like, permute_dims, scatter_elements, strided_slice,
                           subtract, sum as rsum, take, trunc, where, zeros_like)
 from tvm.relax.op.nn import max_pool2d
@@ -43,6 +44,24 @@ def _only_first_output(node, what: str) -> None:
         if user.target is not operator.getitem or user.args[1] != 0:
             raise NotImplementedError(f"{what}: only its first output is supported, but "
                                       f"{user.name} reads another")
+
+
+def clamp(node, importer):
+    """aten.clamp / clamp_min / clamp_max of an integer tensor (T5Gemma's relative position
+    buckets): TVM's conversion gives a missing bound as +-inf, which an integer clip cannot
+    hold (its build stops: "Cannot convert infinity"); the bounds given are applied alone."""
+    name = node.target.__name__.split(".")[0]
+    x = importer.env[node.args[0]]
+    if "int" not in dtype_of(x):
+        return getattr(importer, f"_{name}")(node)
+    low = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+    high = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+    if name == "clamp_max":
+        low, high = None, low
+    for bound, limit in ((low, maximum), (high, minimum)):
+        if bound is not None:
+            x = importer.block_builder.emit(limit(x, relax.const(int(bound), dtype_of(x))))
+    return x
 
 
 def amax(node, importer):
@@ -524,6 +543,7 @@ CONVERTERS = {
     "upsample_bilinear2d.vec": interpolate,
     "upsample_bicubic2d.vec": interpolate,
     "amax.default": amax,
+    **dict.fromkeys(["clamp.default", "clamp_min.default", "clamp_max.default"], clamp),
     "scatter_add.default": scatter_add,
     "scatter_reduce.two": scatter_reduce,
     "index.Tensor": index_tensor,

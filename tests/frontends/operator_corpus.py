@@ -141,7 +141,8 @@ class GatherScatter(nn.Module):
     cumulative sum, an einsum, a masked fill with a mask made from the input, and each row's
     last masked position read through a boolean mask (``x[mask].view(b, -1, d)[:, -1]``, as
     BART's classifier reads its end-of-sentence tokens); segment means and minima
-    (``scatter_reduce`` without the target's values: TAPAS's cells)."""
+    (``scatter_reduce`` without the target's values: TAPAS's cells); integers clamped on
+    one side (T5Gemma's position buckets)."""
 
     def __init__(self):
         super().__init__()
@@ -154,7 +155,7 @@ class GatherScatter(nn.Module):
         h = self.proj(x)                                           # [b, 5, 6]
         # integer division rounded toward zero and down, of negative numbers too (JetMoE
         # finds a token's row by its expert slot, rounded toward zero)
-        centred = ids[:, :5, None] - 50
+        centred = (ids[:, :5, None] - 50).clamp(max=40).clamp_min(-45)  # integers, one bound
         toward_zero = centred.div(7, rounding_mode="trunc").remainder(5)
         down = centred.div(7, rounding_mode="floor").remainder(5)
         picked = torch.gather(h, 1, toward_zero.expand(-1, -1, 6))
