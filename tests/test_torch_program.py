@@ -202,6 +202,32 @@ def test_a_boolean_mask_selection_is_refused_by_name():
         translate(program)
 
 
+class _MaskedWrites(torch.nn.Module):
+    def forward(self, x):
+        rows, cells, added = x.clone(), x.clone(), x.clone()
+        rows[x[..., 0] > 0] = torch.arange(4.0)  # a row every selected position shares
+        cells[x > 1] = -2.0
+        added.index_put_((x[..., 1] > 0,), torch.ones(4), accumulate=True)
+        return rows + cells + added
+
+
+def test_a_boolean_mask_write_of_a_shared_value_is_a_where():
+    """x[mask] = v where every selected element shares v (T5Gemma 2's) keeps its shape;
+    TVM's conversion stopped on an index_put of booleans."""
+    import tvm
+    from tvm import relax
+
+    from pipelines.frontends.torch_program import translate
+
+    x = torch.randn(2, 3, 4)
+    main, _, _ = translate(torch.export.export(_MaskedWrites(), (x,)))
+    vm = relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": main}), target="llvm"),
+                              tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy()))
+    got = got[0] if not hasattr(got, "numpy") else got
+    np.testing.assert_allclose(got.numpy(), _MaskedWrites()(x).numpy(), rtol=1e-6)
+
+
 class _Dropping(torch.nn.Module):
     def __init__(self, rate: float, attend: float = 0.0):
         super().__init__()

@@ -167,10 +167,11 @@ def index_put(node, importer):
     first, as PyTorch places them), so that every index and v broadcast to that shape. TVM's
     conversion gave every whole axis's arange the same leading axis, which do not broadcast."""
     x, indices, values = importer.retrieve_args(node)[:3]
-    if all(i is not None for i in indices) or any(
-            i is not None and "int" not in dtype_of(i) for i in indices):
-        return importer._index_put(node)
     accumulate = bool(_arg(node, 3, node.kwargs.get("accumulate", False)))
+    if any(i is not None and "int" not in dtype_of(i) for i in indices):
+        return _masked_put(node, importer, x, indices, values, accumulate)
+    if all(i is not None for i in indices):
+        return importer._index_put(node)
     emit, dims = importer.block_builder.emit, shape_of(x)
     indices = list(indices) + [None] * (len(dims) - len(indices))
     chosen = [a for a, i in enumerate(indices) if i is not None]
@@ -193,6 +194,29 @@ def index_put(node, importer):
                                                                      len(zipped)))
             full.append(emit(astype(index, "int64")))
     return emit(relax.op.index_put(x, relax.Tuple(full), values, accumulate))
+
+def _masked_put(node, importer, x, indices, values, accumulate: bool):
+    """``x[mask] = v`` (or ``+=``) with one boolean mask over x's leading axes, and a ``v``
+    that every selected element or row shares (broadcast to x's other axes): the same as
+    ``where(mask, v, x)``, with static shapes (T5Gemma 2's). A ``v`` with a value per selected
+    element is as many values as the mask holds, which the data decides: refused."""
+    from pipelines.frontends.export_rewrites import module_of
+
+    mask = indices[0]
+    rest, dims = len(shape_of(x)) - len(shape_of(mask)), shape_of(x)
+    if len(indices) != 1 or shape_of(mask) != dims[:len(shape_of(mask))] or \
+            len(shape_of(values)) > rest or any(
+                v not in (1, d) for v, d in zip(reversed(shape_of(values)), reversed(dims))):
+        raise ConfigError(f"{module_of(node)} writes x[mask] = v with a value per selected "
+                          "element: as many as the mask holds, a number the data decides, and "
+                          "a compiled step's shapes are static; write torch.where(mask, v, x)")
+    emit = importer.block_builder.emit
+    where_mask = emit(relax.op.reshape(mask, shape_of(mask) + [1] * rest))
+    written = broadcast_to(astype(values, dtype_of(x)), dims)
+    if accumulate:
+        return emit(add(x, where(where_mask, written, zeros_like(x))))
+    return emit(where(where_mask, written, x))
+
 
 def embedding_bag(node, importer):
     """aten._embedding_bag(weight, indices, offsets, scale_grad, mode, sparse,
