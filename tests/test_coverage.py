@@ -76,8 +76,13 @@ def test_failures_group_by_cause_whatever_the_numbers_and_names():
     assert cause(records[1]) == cause(records[2])
     counts = summary(records)["causal_lm"]
     assert counts["ok"] == 1 and counts["differentiates"] == 2 and counts["match_share"] == 0.3333
-    table = render(records, 4)
-    assert "Checked: 3 of the 4 architectures (a run cut short" in table
+    records.append({"task": "causal_lm", "model_type": "d", "architecture": "D",
+                    "phase": "config", "error": "ValueError: its default config"})
+    counts = summary(records)["causal_lm"]
+    assert counts["match_share"] == 0.25 and counts["match_share_of_pytorch_steps"] == 0.3333
+    table = render(records, 5)
+    assert "Checked: 4 of the 5 architectures (a run cut short" in table
+    assert "| 25% | 33% |" in table
     assert "| 2 | differentiates: MissingGradientRule: operator relax.foo" in table
     assert set(PHASES) <= set(table.split("| task | architectures | ")[1].split("\n")[0]
                               .replace(" ", "").split("|"))

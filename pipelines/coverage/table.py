@@ -38,12 +38,16 @@ def render(records: list[dict], expected: int) -> str:
              + ("." if len(records) >= expected else
                 " (a run cut short: `dvc repro coverage/dvc.yaml` resumes it)."),
              "",
-             "| task | architectures | " + " | ".join(PHASES) + " | share ok |",
-             "|---|---:|" + "---:|" * len(PHASES) + "---:|"]
+             "`share ok`: of all; `of PyTorch's`: of those whose shrunk model PyTorch builds "
+             "and steps (the phases after `pytorch`: what the chain is given).",
+             "",
+             "| task | architectures | " + " | ".join(PHASES) + " | share ok | of PyTorch's |",
+             "|---|---:|" + "---:|" * len(PHASES) + "---:|---:|"]
     for task, counts in summary(records).items():
         lines.append(f"| {task} | {counts['architectures']} | "
                      + " | ".join(str(counts[p]) for p in PHASES)
-                     + f" | {counts['match_share']:.0%} |")
+                     + f" | {counts['match_share']:.0%} | "
+                     f"{counts['match_share_of_pytorch_steps']:.0%} |")
     groups = defaultdict(list)
     for record in records:
         if record["phase"] != "ok":
