@@ -1,19 +1,18 @@
 """Converters for core ATen operators that TVM 0.27's exported-program importer does not
 convert and that common layers export to: ``amax`` (global max pooling, attention masks),
-``clamp`` of integers with one bound,
-``scatter_add`` and ``scatter_reduce``, ``_embedding_bag`` (nn.EmbeddingBag) and
-``adaptive_max_pool2d``;
-``index.Tensor`` as PyTorch indexes (TVM's conversion read a negative index out of bounds)
-and ``index_put`` with whole axes among its indices (``F.fold``); ops PyTorch computes in
-floating point from integer inputs (``log``, ``sqrt``, true division: FLOAT_RESULTS), which
-TVM's refuse; division rounded toward zero or down (``div`` with a ``rounding_mode``) in its
-result's dtype; ``arange`` counting down in integers; ``Tensor.unfold``; ``detach``; complex
-values (held as ``view_as_real`` holds them): Fourier transforms, ``polar`` and products
-(rotary embeddings as rotations); ``topk`` with ``sorted=False`` (mixture-of-experts
-routing), which TVM refuses; ``cat`` with an empty 1-D operand (which PyTorch skips; a
-multimodal model's absent image features); and for 2-D interpolation, which TVM converts to
-``image.resize2d``, an op with no gradient. Each emits Relax operators that have gradient
-rules, so the layer trains.
+``clamp`` of integers with one bound, ``scatter_add`` and ``scatter_reduce``,
+``_embedding_bag`` (nn.EmbeddingBag) and ``adaptive_max_pool2d``; ``index.Tensor`` as
+PyTorch indexes (TVM's conversion read a negative index out of bounds) and ``index_put`` with
+whole axes among its indices (``F.fold``) or a boolean mask and a shared value; ops PyTorch
+computes in floating point from integer inputs (``log``, ``sqrt``, true division:
+FLOAT_RESULTS), which TVM's refuse; division rounded toward zero or down (``div`` with a
+``rounding_mode``) in its result's dtype; ``arange`` counting down in integers;
+``Tensor.unfold``; ``detach``; complex values (held as ``view_as_real`` holds them): Fourier
+transforms, ``polar`` and products (rotary embeddings as rotations); ``topk`` with
+``sorted=False`` (mixture-of-experts routing), which TVM refuses; ``cat`` with an empty 1-D
+operand (which PyTorch skips; a multimodal model's absent image features); and for 2-D
+interpolation, which TVM converts to ``image.resize2d``, an op with no gradient. Each emits
+Relax operators that have gradient rules, so the layer trains.
 
 A converter takes (FX node, importer) and returns the Relax value, as TVM's own do."""
 from __future__ import annotations
@@ -195,6 +194,7 @@ def index_put(node, importer):
             full.append(emit(astype(index, "int64")))
     return emit(relax.op.index_put(x, relax.Tuple(full), values, accumulate))
 
+
 def _masked_put(node, importer, x, indices, values, accumulate: bool):
     """``x[mask] = v`` (or ``+=``) with one boolean mask over x's leading axes, and a ``v``
     that every selected element or row shares (broadcast to x's other axes): the same as
@@ -211,11 +211,11 @@ def _masked_put(node, importer, x, indices, values, accumulate: bool):
                           "element: as many as the mask holds, a number the data decides, and "
                           "a compiled step's shapes are static; write torch.where(mask, v, x)")
     emit = importer.block_builder.emit
-    where_mask = emit(relax.op.reshape(mask, shape_of(mask) + [1] * rest))
+    selected = emit(relax.op.reshape(mask, shape_of(mask) + [1] * rest))
     written = broadcast_to(astype(values, dtype_of(x)), dims)
     if accumulate:
-        return emit(add(x, where(where_mask, written, zeros_like(x))))
-    return emit(where(where_mask, written, x))
+        return emit(add(x, where(selected, written, zeros_like(x))))
+    return emit(where(selected, written, x))
 
 
 def embedding_bag(node, importer):

@@ -7,9 +7,9 @@ masks); Keras: pad (ZeroPadding2D; negative widths cut, as F.fold's export does)
 own modules: squeeze, topk, gather_elements and scatter_elements (routing,
 torch.gather/scatter); index_put (x[i, j] = v); slice_scatter (a slice written in place: linear
 attention's state, chunked caches), tile (DiffLlama's heads) and flip (a causal conv's
-reversed windows), stack (ONNX's Max of several tensors)), the layers in
-layer_rules.py, the elementwise ops in unary_rules.py, and the ones TVM gets wrong (where, for broadcast operands; conv2d, for dilated
-kernels; relu and abs, at 0: REPLACED).
+reversed windows), stack (ONNX's Max of several tensors)), the layers in layer_rules.py, the
+elementwise ops in unary_rules.py, and the ones TVM gets wrong (where, for broadcast operands;
+conv2d, for dilated kernels; relu and abs, at 0: REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
 Rules are registered once, on import; a rule TVM later ships itself is left in place (but
@@ -501,9 +501,9 @@ def stops_gradient(value: relax.Expr) -> bool:
     if not isinstance(value, relax.Call):
         return False
     name = getattr(value.op, "name", "")
+    # a fill value that the parameters compute (full_like's second argument) passes its own on
     return name == "relax.grad.no_grad" or name in SHAPE_ONLY and all(
-        isinstance(arg, tvm.ir.expr.Constant) for arg in value.args[1:])  # a fill value that
-    # the parameters compute passes its gradient on
+        isinstance(arg, tvm.ir.expr.Constant) for arg in value.args[1:])
 
 
 def carries_gradient(expr: relax.Expr) -> bool:

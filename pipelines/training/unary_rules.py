@@ -1,5 +1,5 @@
 """Gradient rules for elementwise ops TVM 0.27 gives no rule: the inverse and hyperbolic
-trigonometric functions (YOSO's angle between hashed vectors: acos), tan and square, the
+trigonometric functions (acos: the angle between unit vectors), tan and square, the
 activations softplus, leaky ReLU and SELU, and the rounding ops, whose gradient PyTorch
 defines as 0 (a rounded value read straight through is ``x + (round(x) - x).detach()``).
 
