@@ -150,19 +150,24 @@ class _WithEmptyFeatures(torch.nn.Module):
         return torch.cat([x.new_zeros(0), x * 2, x.new_zeros(0)], 1)
 
 
-def test_a_concatenated_empty_1d_tensor_is_skipped_as_in_pytorch():
+def _translated_forward(module: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
+    """``module``'s forward on ``x``, exported, translated and built by TVM."""
     import tvm
     from tvm import relax
 
     from pipelines.frontends.torch_program import translate
 
-    x = torch.randn(2, 3, 4)
-    main, _, _ = translate(torch.export.export(_WithEmptyFeatures(), (x,)))
+    main, _, _ = translate(torch.export.export(module, (x,)))
     vm = relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": main}), target="llvm"),
                               tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x.numpy()))
-    got = got[0] if not hasattr(got, "numpy") else got
-    np.testing.assert_array_equal(got.numpy(), _WithEmptyFeatures()(x).numpy())
+    return (got[0] if not hasattr(got, "numpy") else got).numpy()
+
+
+def test_a_concatenated_empty_1d_tensor_is_skipped_as_in_pytorch():
+    x = torch.randn(2, 3, 4)
+    np.testing.assert_array_equal(_translated_forward(_WithEmptyFeatures(), x),
+                                  _WithEmptyFeatures()(x).numpy())
 
 
 class _Spectrum(torch.nn.Module):
@@ -214,18 +219,9 @@ class _MaskedWrites(torch.nn.Module):
 def test_a_boolean_mask_write_of_a_shared_value_is_a_where():
     """x[mask] = v where every selected element shares v (T5Gemma 2's) keeps its shape;
     TVM's conversion stopped on an index_put of booleans."""
-    import tvm
-    from tvm import relax
-
-    from pipelines.frontends.torch_program import translate
-
     x = torch.randn(2, 3, 4)
-    main, _, _ = translate(torch.export.export(_MaskedWrites(), (x,)))
-    vm = relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": main}), target="llvm"),
-                              tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(x.numpy()))
-    got = got[0] if not hasattr(got, "numpy") else got
-    np.testing.assert_allclose(got.numpy(), _MaskedWrites()(x).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(_translated_forward(_MaskedWrites(), x),
+                               _MaskedWrites()(x).numpy(), rtol=1e-6)
 
 
 class _Dropping(torch.nn.Module):
