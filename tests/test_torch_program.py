@@ -225,14 +225,17 @@ def test_a_boolean_mask_write_of_a_shared_value_is_a_where():
 
 
 class _Dropping(torch.nn.Module):
-    def __init__(self, rate: float, attend: float = 0.0):
+    def __init__(self, rate: float, attend: float = 0.0, noise: bool = False):
         super().__init__()
         self.proj = torch.nn.Linear(4, 4)
         self.drop = torch.nn.Dropout(rate)
-        self.attend = attend
+        self.attend, self.noise = attend, noise
 
     def forward(self, x):
+        torch.nn.Linear(4, 4)  # a layer built in forward, initialised at random, unread
         h = self.drop(self.proj(x))[:, None, None]
+        if self.noise:
+            h = h + torch.empty_like(h).uniform_()  # a fill in place that is read
         return torch.nn.functional.scaled_dot_product_attention(h, h, h, dropout_p=self.attend)
 
 
@@ -241,13 +244,15 @@ def test_a_layer_drawing_random_numbers_in_training_is_refused_by_name():
     conversion (the identity) would train another model than PyTorch trains."""
     from pipelines.frontends.torch_module import export
 
-    export(_Dropping(0.0), {"x": torch.randn(2, 4)})  # off: nothing is drawn
+    export(_Dropping(0.0), {"x": torch.randn(2, 4)})  # off: nothing drawn is read
+    with pytest.raises(ConfigError, match=r"<model> \(_Dropping\) draws random numbers in "
+                                          r"training mode \(aten.uniform\)"):
+        export(_Dropping(0.0, noise=True), {"x": torch.randn(2, 4)})
     with pytest.raises(ConfigError, match=r"drop \(Dropout\) draws random numbers in "
                                           r"training mode \(aten.dropout, p=0.5\)"):
         export(_Dropping(0.5), {"x": torch.randn(2, 4)})
     with pytest.raises(ConfigError, match=r"aten.scaled_dot_product_attention, p=0.1"):
         export(_Dropping(0.0, attend=0.1), {"x": torch.randn(2, 4)})  # attention's dropout
-
 
 
 class _RoundedStraightThrough(torch.autograd.Function):
@@ -260,29 +265,46 @@ class _RoundedStraightThrough(torch.autograd.Function):
         return grad
 
 
+class _Cubed(torch.autograd.Function):
+    """A backward written out by hand that is its forward's gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * grad
+
+
 class _Quantised(torch.nn.Module):
-    def __init__(self, custom: bool):
+    def __init__(self, function=None):
         super().__init__()
-        self.custom = custom
+        self.function = function
         self.norm, self.proj = torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3)
 
     def forward(self, x):
         torch._check((x != 0).sum().item() <= x.numel())  # a value read: no fake forward
         h = self.norm(x)
-        h = _RoundedStraightThrough.apply(h) if self.custom else h + (h.round() - h).detach()
+        h = self.function.apply(h) if self.function else h + (h.round() - h).detach()
         return self.proj(h)
 
 
-def test_a_custom_autograd_function_is_refused_by_name_and_leaves_the_module_as_it_was():
+def test_a_custom_backward_that_is_not_its_forwards_gradient_is_refused_by_name():
     """torch.export keeps an autograd.Function's forward only: compiled, the straight-through
-    estimator would pass round's gradient (0), not its own backward's. The model reads a
-    value, so the check runs it on its weights: its running statistics stay as they were."""
+    estimator would pass round's gradient (0), not its own backward's; one whose backward is
+    its forward's gradient exports. The model reads a value, so the check runs it on its
+    weights: its running statistics stay as they were."""
     from pipelines.frontends.torch_module import export
 
-    export(_Quantised(custom=False), {"x": torch.randn(2, 4)})  # the same, with detach
-    module = _Quantised(custom=True)
+    export(_Quantised(), {"x": torch.randn(2, 4)})  # the same, with detach
+    export(_Quantised(_Cubed), {"x": torch.randn(2, 4)})
+    module = _Quantised(_RoundedStraightThrough)
     before = {k: v.clone() for k, v in module.state_dict().items()}
     with pytest.raises(ConfigError, match=r"_Quantised computes \['test_torch_program\."
-                                          r"_RoundedStraightThrough'\]: a torch.autograd"):
+                                          r"_RoundedStraightThrough'\]: a torch.autograd.*"
+                                          r"gradient of norm.weight is 1 of its scale off"):
         export(module, {"x": torch.randn(2, 4)})
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())

@@ -48,13 +48,22 @@ def refuse_randomness(program: torch.export.ExportedProgram) -> None:
             training = True if flag is None or len(node.args) <= flag else node.args[flag]
             if not training or not rate:
                 continue
-        elif name not in RANDOM:
+        elif name not in RANDOM or _unread(node):
             continue
         advice = (f"(aten.{name}, p={rate}); a compiled step is deterministic: set the "
                   "probability to 0 (or the config's *dropout* / *drop_path* settings)"
                   if name in DROPOUT else f"(aten.{name}); a compiled step is deterministic "
                   "and cannot draw PyTorch's numbers")
         raise ConfigError(f"{module_of(node)} draws random numbers in training mode {advice}")
+
+
+def _unread(node) -> bool:
+    """Whether nothing reads what ``node`` draws: it has no user, nor has the tensor it fills
+    in place (BigBird's attention, built afresh for short inputs and initialised at random,
+    then given the layer's weights)."""
+    filled = node.args[0] if node.target._schema.name.endswith("_") else None
+    return not node.users and (filled is None or not isinstance(filled, torch.fx.Node)
+                               or all(user is node for user in filled.users))
 
 
 def no_grad_as_detach(program: torch.export.ExportedProgram) -> None:
@@ -75,14 +84,39 @@ def no_grad_as_detach(program: torch.export.ExportedProgram) -> None:
     program.graph_module.recompile()
 
 
-def refuse_custom_backward(module: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+def refuse_custom_backward(module: torch.nn.Module, inputs: dict[str, torch.Tensor],
+                           program: torch.export.ExportedProgram) -> None:
     """A ConfigError naming the ``torch.autograd.Function``s whose own backward ``module``'s
-    loss would cross (a straight-through estimator, YOSO's approximate attention gradient):
-    torch.export keeps their forward only, and the compiled step would differentiate it,
-    training another model than PyTorch trains. Found by one forward, reading its autograd
-    graph: on fake tensors (no memory), or where the model reads a value (XLM's
-    ``lengths.max().item()``) on the weights and copies of the buffers (the running statistics
-    stay as they were)."""
+    loss crosses where that backward is not the gradient of their forward (YOSO's approximate
+    attention gradient, a straight-through estimator): torch.export keeps their forward only,
+    and the compiled step would differentiate it, training another model than PyTorch trains.
+    One whose backward is its forward's gradient (Bloom's GELU, written out for speed) passes:
+    the parameters' gradients through ``module`` and through ``program`` (the forward alone)
+    are compared on ``inputs``."""
+    custom = _custom_functions(module, inputs)
+    if not custom:
+        return
+    try:
+        own, traced = _gradients(module, inputs), _gradients(program.module(), inputs)
+        worst = max((float((own[k] - traced[k]).abs().max() / (own[k].abs().max() + 1e-12)), k)
+                    for k in own if k in traced)
+    except Exception as err:  # the example inputs do not run eagerly: the backward is unseen
+        worst = (float("inf"), f"not compared: {type(err).__name__}: {err}")
+    if worst[0] > 1e-3:
+        raise ConfigError(
+            f"{type(module).__name__} computes {sorted(custom)}: a torch.autograd.Function "
+            "with a backward of its own, which torch.export does not keep, and which is not "
+            f"its forward's gradient (the gradient of {worst[1]} is {worst[0]:.2g} of its "
+            "scale off): the compiled step would train another model; write it with "
+            "differentiable ops (a straight-through estimator: x + (f(x) - x).detach())")
+
+
+def _custom_functions(module: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> set[str]:
+    """The autograd.Functions with a backward of their own in ``module``'s autograd graph on
+    ``inputs``: one forward on fake tensors (no memory), or, where the model reads a value
+    (XLM's ``lengths.max().item()``), on the weights and copies of the buffers (the running
+    statistics stay as they were); none where neither runs (BART's check that every example
+    holds an end-of-sentence token, which random example ids do not)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._pytree import tree_leaves
 
@@ -93,9 +127,12 @@ def refuse_custom_backward(module: torch.nn.Module, inputs: dict[str, torch.Tens
             outputs = torch.func.functional_call(
                 module, state, (), {name: mode.from_tensor(v) for name, v in inputs.items()})
     except Exception:  # the fake tensors hold no values to read
-        with torch.enable_grad():
-            buffers = {name: v.clone() for name, v in module.named_buffers()}
-            outputs = torch.func.functional_call(module, buffers, (), dict(inputs))
+        try:
+            with torch.enable_grad():
+                buffers = {name: v.clone() for name, v in module.named_buffers()}
+                outputs = torch.func.functional_call(module, buffers, (), dict(inputs))
+        except Exception:
+            return set()
     pending = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
     seen, custom = set(), set()
     while pending:
@@ -107,12 +144,24 @@ def refuse_custom_backward(module: torch.nn.Module, inputs: dict[str, torch.Tens
             cls = node._forward_cls
             custom.add(f"{cls.__module__}.{cls.__qualname__}")
         pending.extend(next_node for next_node, _ in node.next_functions)
-    if custom:
-        raise ConfigError(
-            f"{type(module).__name__} computes {sorted(custom)}: a torch.autograd.Function "
-            "with a backward of its own, which torch.export does not keep (the compiled step "
-            "would differentiate its forward instead); write it with differentiable ops (a "
-            "straight-through estimator: x + (f(x) - x).detach())")
+    return custom
+
+
+def _gradients(module: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict:
+    """The gradient of each parameter of ``module`` for a fixed random weighting of its float
+    outputs, its buffers copied (a training-mode batch norm's statistics stay)."""
+    from torch.utils._pytree import tree_leaves
+
+    buffers = {name: v.clone() for name, v in module.named_buffers()}
+    params = dict(module.named_parameters())
+    with torch.enable_grad():
+        outputs = torch.func.functional_call(module, buffers, (), dict(inputs))
+        generator = torch.Generator().manual_seed(0)
+        loss = sum((t * torch.randn(t.shape, generator=generator, dtype=t.dtype)).sum()
+                   for t in tree_leaves(outputs)
+                   if isinstance(t, torch.Tensor) and t.is_floating_point())
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    return {name: g for name, g in zip(params, grads) if g is not None}
 
 
 def drop_unread_grad_blocks(program: torch.export.ExportedProgram) -> None:

@@ -154,7 +154,7 @@ def export(module: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     ordered = {name: inputs[name] for name in order if name in inputs}
     program = torch.export.export(module.train(), (), kwargs=ordered)
     refuse_randomness(program)  # before saving: a random in-place op does not load back
-    refuse_custom_backward(module, ordered)
+    refuse_custom_backward(module, ordered, program)
     drop_unread_grad_blocks(program)
     return static_masked_rows(program)
 
