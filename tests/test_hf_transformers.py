@@ -372,16 +372,23 @@ def test_a_bad_transformers_model_is_named(keys, error):
 
 
 def test_a_training_step_has_no_dropout_or_stochastic_depth(tmp_path):
-    """A step is deterministic: the config's dropout and drop-path rates (CvT's per stage)
-    are 0, so the export has no random draw (``rand``) to import."""
+    """A step is deterministic: the config's dropout and drop-path rates (CvT's per stage,
+    Emu3's in its text model's sub-config) are 0, so the export has no random draw to import."""
     from pipelines.frontends.transformers import config_of
+
+    def config(directory):
+        return config_of(model_section(frontend="transformers", source=str(directory),
+                                       batch_size=2, dims={"image_size": 32},
+                                       inputs=["pixel_values"]))
 
     transformers.AutoConfig.for_model("cvt", drop_path_rate=[0.0, 0.1, 0.2],
                                       attention_drop_rate=[0.1] * 3).save_pretrained(tmp_path)
-    config = config_of(model_section(frontend="transformers", source=str(tmp_path),
-                                     batch_size=2, dims={"image_size": 32},
-                                     inputs=["pixel_values"]))
-    assert config.drop_path_rate == config.attention_drop_rate == [0.0] * 3
+    cvt = config(tmp_path)
+    assert cvt.drop_path_rate == cvt.attention_drop_rate == [0.0] * 3
+    emu3 = transformers.AutoConfig.for_model("emu3")
+    assert emu3.text_config.attention_dropout == 0.1
+    emu3.save_pretrained(tmp_path / "emu3")
+    assert config(tmp_path / "emu3").text_config.attention_dropout == 0.0
 
 
 def test_transformers_keys_belong_to_the_transformers_frontend():

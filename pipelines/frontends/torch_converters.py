@@ -29,6 +29,7 @@ from tvm.relax.op import (add, astype, broadcast_to, concat, divide, expand_dims
                           subtract, sum as rsum, take, trunc, where, zeros_like)
 from tvm.relax.op.nn import max_pool2d
 
+from pipelines.frontends.export_rewrites import module_of
 from pipelines.ir import dtype_of, shape_of
 from pipelines.schema import ConfigError
 
@@ -131,8 +132,6 @@ def index_tensor(node, importer):
     x, indices = importer.retrieve_args(node)[:2]
     emit, rank = importer.block_builder.emit, len(shape_of(x))
     if any(i is not None and "int" not in dtype_of(i) for i in indices):
-        from pipelines.frontends.export_rewrites import module_of
-
         raise ConfigError(f"{module_of(node)} indexes a tensor with a boolean mask "
                           "(x[mask]): it selects as many elements as the mask holds, a "
                           "number the data decides, and a compiled step's shapes are static; "
@@ -200,8 +199,6 @@ def _masked_put(node, importer, x, indices, values, accumulate: bool):
     that every selected element or row shares (broadcast to x's other axes): the same as
     ``where(mask, v, x)``, with static shapes (T5Gemma 2's). A ``v`` with a value per selected
     element is as many values as the mask holds, which the data decides: refused."""
-    from pipelines.frontends.export_rewrites import module_of
-
     mask = indices[0]
     rest, dims = len(shape_of(x)) - len(shape_of(mask)), shape_of(x)
     if len(indices) != 1 or shape_of(mask) != dims[:len(shape_of(mask))] or \

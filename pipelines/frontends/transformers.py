@@ -94,12 +94,7 @@ def config_of(model):
             values = {k: v for k, v in values.items() if k == "architectures" or k in model.config
                       or not (isinstance(v, list) and len(v) == layers)}
         config = type(config).from_dict({**values, **model.config})
-    for key, value in config.to_dict().items():
-        if any(part in key for part in RANDOM):
-            if isinstance(value, float):
-                setattr(config, key, 0.0)
-            elif isinstance(value, list) and all(isinstance(v, float) for v in value):
-                setattr(config, key, [0.0] * len(value))  # CvT's rate per stage
+    _randomness_off(config, transformers.PretrainedConfig)
     if hasattr(config, "use_cache"):
         config.use_cache = False
     # Mixture-of-experts layers: each token's experts' weights gathered and applied as batched
@@ -107,6 +102,19 @@ def config_of(model):
     # tokens by expert into runtime-sized groups, which TVM's importer cannot convert.
     config._experts_implementation = "batched_mm"
     return config
+
+
+def _randomness_off(config, config_class):
+    """Dropout and stochastic depth off in ``config`` and its sub-configs (Emu3's text model)."""
+    for key, value in config.to_dict().items():
+        current = getattr(config, key, None)
+        if isinstance(current, config_class):
+            _randomness_off(current, config_class)
+        elif any(part in key for part in RANDOM):
+            if isinstance(value, float):
+                setattr(config, key, 0.0)
+            elif isinstance(value, list) and all(isinstance(v, float) for v in value):
+                setattr(config, key, [0.0] * len(value))  # CvT's rate per stage
 
 
 def data_source(model):
