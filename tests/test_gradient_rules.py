@@ -476,7 +476,6 @@ def test_slice_scatter_tile_and_flip_match_autograd():
     np.testing.assert_allclose(got[0], torch_grads(lambda a: a.flip(1), [x], w)[0], **TOL)
 
 
-
 UNARY = [  # (relax op, PyTorch's, the inputs' range: inside each one's domain)
     (relax.op.acos, torch.acos, (-0.9, 0.9)), (relax.op.asin, torch.asin, (-0.9, 0.9)),
     (relax.op.atan, torch.atan, (-3, 3)), (relax.op.acosh, torch.acosh, (1.1, 4)),

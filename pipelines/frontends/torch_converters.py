@@ -156,6 +156,16 @@ def index_tensor(node, importer):
     return y
 
 
+def select(node, importer):
+    """aten.select.int(x, dim, index): x's slice at ``index`` along ``dim``, a negative index
+    counted from the end (``h[:, -1]``: XLNet's summary of its last token). TVM's conversion
+    took it as an offset before the tensor and read out of bounds."""
+    x = importer.env[node.args[0]]
+    shape = shape_of(x)
+    dim = int(node.args[1]) % len(shape)
+    index = relax.const(int(node.args[2]) % shape[dim], "int64")
+    return importer.block_builder.emit(take(x, index, axis=dim))
+
 
 def index_put(node, importer):
     """aten.index_put(x, indices, v, accumulate) with whole axes (None) among the indices, as
@@ -338,7 +348,6 @@ def div_rounded(node, importer):
     zero = relax.const(0, want)
     up = logical_and(not_equal(floor_mod(a, b), zero), not_equal(less(a, zero), less(b, zero)))
     return emit(where(up, add(down, relax.const(1, want)), down))
-
 
 
 def arange(node, importer):
@@ -567,6 +576,7 @@ CONVERTERS = {
     **dict.fromkeys(["clamp.default", "clamp_min.default", "clamp_max.default"], clamp),
     "scatter_add.default": scatter_add,
     "scatter_reduce.two": scatter_reduce,
+    "select.int": select,
     "index.Tensor": index_tensor,
     "index_put.default": index_put,
     "_embedding_bag.default": embedding_bag,

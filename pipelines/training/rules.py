@@ -408,7 +408,6 @@ RULES = {
 }
 
 
-
 def where_grad(orig_var, orig_call, output_grad, ctx):
     """y = where(c, a, b), a and b broadcast to y's shape (an attention mask's fill value is a
     0-d tensor): da = where(c, dy, 0) summed back to a's shape, db = where(c, 0, dy) to b's.

@@ -136,7 +136,7 @@ def layer_scale(batch_size: int):
 class GatherScatter(nn.Module):
     """Integer-indexed reads and writes: an embedding bag, gather along an axis and a
     scatter-add of rows at indices divided with rounding, rows read by negative indices (from
-    the end, as Falcon reads its key and value heads) scaled by the log and quotient of
+    the end, as Falcon reads its key and value heads, and XLNet its last token) scaled by the log and quotient of
     integers, elements picked by two index lists, rows reversed by a range counting down, a
     cumulative sum, an einsum, a masked fill with a mask made from the input, and each row's
     last masked position read through a boolean mask (``x[mask].view(b, -1, d)[:, -1]``, as
@@ -165,7 +165,7 @@ class GatherScatter(nn.Module):
         mixed = torch.einsum("bij,bjd->bid", attention.softmax(-1), h)
         # PyTorch computes log and true division of integers in floating point
         scale = torch.log(ids[:, :1] + 2) + ids[:, 1:2] / 7       # [b, 1]
-        last = h[:, [-1, -2]].mean(1) * scale                     # [b, 6]
+        last = (h[:, [-1, -2]].mean(1) + h[:, -2]) * scale        # [b, 6]
         zipped = h[:, [0, 2, 4], [1, 3, 5]].mean(1, keepdim=True)  # [b, 1]: 3 elements
         # rows in reverse, by a range counting down past zero (Funnel's relative positions)
         reverse = h[:, torch.arange(4, -1, -1)] * torch.arange(2, -3, -1)[None, :, None]

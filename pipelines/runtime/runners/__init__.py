@@ -26,7 +26,6 @@ from __future__ import annotations
 from pipelines.registry import entries
 
 
-
 class NotReachable(Exception):
     """Nothing here reaches the device: the message says how to reach it."""
 
