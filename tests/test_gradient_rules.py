@@ -378,6 +378,27 @@ def test_max_pool3d_sends_a_windows_gradient_to_its_first_maximum():
     np.testing.assert_allclose(got[0], want[0], **TOL)
 
 
+@pytest.mark.parametrize("size,kernel,stride,padding,ceil,include_pad", [
+    (8, 12, 12, 0, True, True),  # a window wider than the input (EfficientNet's pooler)
+    (10, 3, 2, 1, True, True), (9, 4, 3, 1, True, True),  # the last window cut by ceil mode
+    (9, 3, 2, 1, True, False), (10, 3, 2, 1, False, True)])
+def test_avg_pool2d_divides_each_window_as_the_forward_does(size, kernel, stride, padding,
+                                                            ceil, include_pad):
+    """A window that ceil mode cuts past the padding is divided by its cut size, as PyTorch's
+    (TVM's own rule divided it by the kernel's area)."""
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((2, 3, size, size)).astype("float32")
+    kwargs = dict(ceil_mode=ceil, count_include_pad=include_pad)
+    want_y = torch.nn.functional.avg_pool2d(torch.from_numpy(x), kernel, stride, padding,
+                                            **kwargs)
+    w = rng.standard_normal(want_y.shape).astype("float32")
+    got = relax_grads(lambda a: relax.op.nn.avg_pool2d(a, kernel, stride, padding, **kwargs),
+                      [x.shape], [x], w)
+    want = torch_grads(lambda a: torch.nn.functional.avg_pool2d(a, kernel, stride, padding,
+                                                                **kwargs), [x], w)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+
+
 @pytest.mark.parametrize("norm", ["group", "instance", "instance_over_the_batch"])
 def test_group_and_instance_norm_match_autograd(norm):
     """Instance norm over axes [0, 2] of [1, C, K] is how TVM imports Bit's weight

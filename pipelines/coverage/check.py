@@ -109,6 +109,8 @@ def _shrunk(values: dict) -> dict:
             out[key] = [1] * len(value)
         elif key in DEPTHS and staged:
             out[key] = value
+        elif key == "hidden_dim" and "width_coefficient" in values:  # EfficientNet's top
+            out[key] = value  # conv is 1280 scaled by the width coefficient, not a free width
         elif key in TOP_K and isinstance(value, int):  # no more experts per token than
             out[key] = min(value, SMALL[key])  # the default picks (ZAYA's one)
         elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
@@ -126,6 +128,9 @@ def _shrunk(values: dict) -> dict:
         # grouped queries stays so (ESMC refuses groups; a None means "as many as heads")
     if values.get("n_routed_experts") and values.get("num_experts_per_tok") is None:
         out["num_experts_per_tok"] = SMALL["num_experts_per_tok"]  # DeepSeek V2's default
+    if "max_2d_position_embeddings" in values and "hidden_size" in out:
+        out["hidden_size"] = 48  # a layout model's six box embeddings share its width
+        out.update({k: 8 for k in ("coordinate_size", "shape_size") if k in values})
     width = out.get("hidden_size")
     for key, value in values.items():  # widths that equal the hidden size follow it
         if key.endswith(("_size", "_dim")) and key not in SMALL and key != "vocab_size" \
@@ -149,6 +154,14 @@ def _shrunk(values: dict) -> dict:
     if {"mamba_d_head", "mamba_n_heads", "mamba_expand"} <= set(out) and width:
         inner = out.get("mamba_d_ssm") or width * out["mamba_expand"]
         out["mamba_d_head"] = inner // out["mamba_n_heads"]
+    if {"mamba_headdim", "n_mamba_heads", "mamba_expand"} <= set(out) and width:  # Zamba2's
+        out["mamba_headdim"] = width * out["mamba_expand"] // out["n_mamba_heads"]
+    if isinstance(out.get("layers_block_type"), list) and "hybrid_layer_ids" in out:
+        out["hybrid_layer_ids"] = [i for i, kind in enumerate(out["layers_block_type"])
+                                   if kind == "hybrid"]  # Zamba2's, as its kinds were cut
+    if {"attention_hidden_size", "attention_head_dim"} <= set(out) and width:  # Zamba2 attends
+        out["attention_hidden_size"] = 2 * width  # over its input and the first embeddings
+        out["attention_head_dim"] = 2 * width // out["num_attention_heads"]
     return out
 
 

@@ -2,7 +2,8 @@
 ``save_pretrained`` writes it (config.json and safetensors weights: a downloaded model), or a
 directory or config.json with the config alone (random initialisation, seeded by the caller).
 ``architecture`` names the class, e.g. ``LlamaForCausalLM``, or an ``AutoModel*`` class for
-the config's family (``AutoModelForCausalLM``; default: the config's own ``architectures``), and ``config`` overrides keys of config.json (``num_labels``, a smaller
+the config's family (``AutoModelForCausalLM``; default: the config's own ``architectures``),
+and ``config`` overrides keys of config.json (``num_labels``, a smaller
 ``num_hidden_layers``); a head the checkpoint lacks starts from its seeded initialisation, as
 ``from_pretrained`` does.
 
@@ -59,8 +60,8 @@ lower = torch_module.lower
 CONFIG = "config.json"
 # Inputs a step can feed a transformers model, and how an example of each is made.
 EXAMPLES = ("input_ids", "attention_mask", "token_type_ids", "pixel_values")
-# a config's probabilities of randomness in training: dropout and stochastic depth
-RANDOM = ("dropout", "pdrop", "drop_path", "drop_rate")
+# a config's probabilities of randomness in training: dropout, stochastic depth, drop-connect
+RANDOM = ("dropout", "pdrop", "drop_path", "drop_rate", "drop_connect")
 
 
 def _library():

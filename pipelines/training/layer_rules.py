@@ -2,18 +2,21 @@
 the conv stems of audio and sequence models), 2-D transposed convolutions (decoders,
 upsampling), 3-D convolutions and max pooling (video), group and instance norm. A 1-D layer is
 the 2-D one over a height of 1, so its rule is the 2-D rule on views with that axis added
-(TVM's own conv2d rule; the transposed one below).
+(TVM's own conv2d rule; the transposed one below). Two of TVM's rules are replaced: conv2d's
+(dilated kernels) and avg_pool2d's (windows that ceil mode cuts).
 
 Each is checked numerically against PyTorch autograd in tests/test_gradient_rules.py and in
 a whole step in tests/test_operator_corpus.py.
 """
 from __future__ import annotations
 
+import numpy as np
 from tvm import relax
 from tvm.relax.op import (add, astype, cumsum, divide, equal, expand_dims, logical_and, mean,
                           multiply, permute_dims, reshape, sqrt, squeeze, strided_slice,
                           subtract, sum as rsum, variance)
 from tvm.relax.op._op_gradient import no_grad
+from tvm.relax.op.grad import avg_pool2d_backward
 from tvm.relax.op.nn import conv2d, conv2d_transpose, conv3d, conv3d_transpose
 
 from pipelines.ir import dtype_of, shape_of
@@ -164,6 +167,38 @@ def max_pool3d_grad(orig_var, orig_call, output_grad, ctx):
     return [reshape(permute_dims(grad, [0, 1, 2, 5, 3, 6, 4, 7]), dims)]
 
 
+def avg_pool2d_grad(orig_var, orig_call, output_grad, ctx):
+    """y = avg_pool2d(x), NCHW: TVM's rule divides each window's dy by the kernel's area, where
+    the forward divides a window that ceil mode cuts (past the padding) by its cut size, as
+    PyTorch does (EfficientNet's pooler, wider than its input, sent 1/144 of dy for 1/64). So
+    dy is scaled by area / divisor per window, then TVM's backward counts padding in."""
+    a = orig_call.attrs
+    if a.layout != "NCHW" or any(int(v) != 1 for v in a.dilation):
+        raise NotImplementedError(f"gradient of an undilated NCHW avg_pool2d only (got "
+                                  f"{a.layout}, dilation {list(a.dilation)})")
+    kernel, strides = [int(v) for v in a.pool_size], [int(v) for v in a.strides]
+    padding = [int(v) for v in a.padding]
+    sides = [_divisors(size, k, s, low, high, out, bool(a.count_include_pad))
+             for size, k, s, low, high, out in zip(shape_of(orig_call.args[0])[2:], kernel,
+                                                    strides, padding[:2], padding[2:],
+                                                    shape_of(orig_var)[2:])]
+    scale = kernel[0] * kernel[1] / np.outer(*sides)
+    scaled = multiply(output_grad, relax.const(scale.astype(dtype_of(orig_var))))
+    return [avg_pool2d_backward(scaled, orig_call.args[0], kernel, strides, padding,
+                                [1, 1], bool(a.ceil_mode), True, "NCHW", a.out_layout)]
+
+
+def _divisors(size: int, kernel: int, stride: int, low: int, high: int, out: int,
+              include_pad: bool) -> np.ndarray:
+    """Along one axis, each window's divisor in the forward (topi's pool, as PyTorch's):
+    the window cut at the padding's end, and at the input's too unless padding counts."""
+    starts = np.arange(out) * stride - low
+    ends = np.minimum(starts + kernel, size + high)
+    if not include_pad:
+        starts, ends = np.maximum(starts, 0), np.minimum(ends, size)
+    return (ends - starts).astype("float64")
+
+
 def group_norm_grad(orig_var, orig_call, output_grad, ctx):
     """y = xhat * gamma + beta, xhat normalised over each group of channels (and the other
     axes): layer norm's fused form per group, on x viewed as [batch, groups, rest];
@@ -224,7 +259,7 @@ def _with_affine_grads(dx, xhat, channel: int, orig_call, output_grad) -> list:
 
 
 # TVM's rules replaced by these, where they are wrong for an input a model gives
-LAYER_REPLACED = {"relax.nn.conv2d": conv2d_grad}
+LAYER_REPLACED = {"relax.nn.conv2d": conv2d_grad, "relax.nn.avg_pool2d": avg_pool2d_grad}
 
 LAYER_RULES = {
     "relax.nn.conv1d": conv1d_grad,

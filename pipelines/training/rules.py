@@ -9,7 +9,8 @@ torch.gather/scatter); index_put (x[i, j] = v); slice_scatter (a slice written i
 attention's state, chunked caches), tile (DiffLlama's heads) and flip (a causal conv's
 reversed windows), stack (ONNX's Max of several tensors)), the layers in layer_rules.py, the
 elementwise ops in unary_rules.py, and the ones TVM gets wrong (where, for broadcast operands;
-conv2d, for dilated kernels; relu and abs, at 0: REPLACED).
+conv2d, for dilated kernels; avg_pool2d, for windows ceil mode cuts; relu and abs, at 0:
+REPLACED).
 
 Each rule is checked numerically against PyTorch autograd in tests/test_gradient_rules.py.
 Rules are registered once, on import; a rule TVM later ships itself is left in place (but

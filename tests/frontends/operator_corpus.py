@@ -77,12 +77,14 @@ def transposed_convs(batch_size: int):
 
 
 class Pools(nn.Module):
-    """Pooling variants: average with padding, max with a stride, adaptive average and max."""
+    """Pooling variants: average with padding, max with a stride, adaptive average and max,
+    average over a window wider than the input with ceil mode (EfficientNet's pooler: the
+    window is cut to the input)."""
 
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(3, 6, 3)
-        self.head = nn.Linear(6 * 4, CLASSES)
+        self.head = nn.Linear(6 * 5, CLASSES)
 
     def forward(self, x):
         h = torch.relu(self.conv(x))
@@ -90,7 +92,8 @@ class Pools(nn.Module):
         b = nn.functional.max_pool2d(h, 2, stride=2).amax((2, 3))
         c = nn.functional.adaptive_avg_pool2d(h, 1).flatten(1)
         d = nn.functional.adaptive_max_pool2d(h, (2, 2)).mean((2, 3))
-        return self.head(torch.cat([a, b, c, d], 1))
+        e = nn.functional.avg_pool2d(h, 12, ceil_mode=True).flatten(1)
+        return self.head(torch.cat([a, b, c, d, e], 1))
 
 
 def pools(batch_size: int):
@@ -136,10 +139,10 @@ def layer_scale(batch_size: int):
 class GatherScatter(nn.Module):
     """Integer-indexed reads and writes: an embedding bag, gather along an axis and a
     scatter-add of rows at indices divided with rounding, rows read by negative indices (from
-    the end, as Falcon reads its key and value heads, and XLNet its last token) scaled by the log and quotient of
-    integers, elements picked by two index lists, rows reversed by a range counting down, a
-    cumulative sum, an einsum, a masked fill with a mask made from the input, and each row's
-    last masked position read through a boolean mask (``x[mask].view(b, -1, d)[:, -1]``, as
+    the end, as Falcon reads its key and value heads, and XLNet its last token) scaled by the
+    log and quotient of integers, elements picked by two index lists, rows reversed by a
+    range counting down, a cumulative sum, an einsum, a masked fill with a mask made from the
+    input, and each row's last masked position read through a boolean mask (``x[mask].view(b, -1, d)[:, -1]``, as
     BART's classifier reads its end-of-sentence tokens); segment means and minima
     (``scatter_reduce`` without the target's values: TAPAS's cells); integers clamped on
     one side (T5Gemma's position buckets)."""
