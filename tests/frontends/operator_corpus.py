@@ -142,8 +142,9 @@ class GatherScatter(nn.Module):
     the end, as Falcon reads its key and value heads, and XLNet its last token) scaled by the
     log and quotient of integers, elements picked by two index lists, rows reversed by a
     range counting down, a cumulative sum, an einsum, a masked fill with a mask made from the
-    input, and each row's last masked position read through a boolean mask (``x[mask].view(b, -1, d)[:, -1]``, as
-    BART's classifier reads its end-of-sentence tokens); segment means and minima
+    input, and each row's last masked position read through a boolean mask
+    (``x[mask].view(b, -1, d)[:, -1]``, as BART's classifier reads its end-of-sentence
+    tokens); segment means and minima
     (``scatter_reduce`` without the target's values: TAPAS's cells); integers clamped on
     one side (T5Gemma's position buckets)."""
 
