@@ -224,6 +224,38 @@ def test_a_boolean_mask_write_of_a_shared_value_is_a_where():
                                _MaskedWrites()(x).numpy(), rtol=1e-6)
 
 
+class _DataDecided(torch.nn.Module):
+    def __init__(self, split: bool):
+        super().__init__()
+        self.proj, self.split = torch.nn.Linear(4, 4), split
+
+    def forward(self, x):
+        h = self.proj(x)
+        if self.split:  # rows per group counted from the data, as JetMoE's experts take them
+            groups = torch.zeros(x.shape[0], 2).scatter(1, (x[:, :1] > 0).long(), 1.0)
+            first, second = h.split(groups.long().sum(0).tolist())
+            return first.sum() - second.sum()
+        if h.sum() > 0:  # an if on a value
+            return h.sum()
+        return -h.sum()
+
+
+def test_shapes_or_branches_the_data_decides_are_refused_by_name():
+    """A size read from the data (a split by counts) or a Python if on a tensor's value
+    has no static graph: the error names the layer, or the line that branches."""
+    from pipelines.frontends.torch_module import export
+    from pipelines.frontends.torch_program import translate
+
+    x = torch.randn(6, 4)
+    with pytest.raises(ConfigError, match=r"_DataDecided branches on a tensor's values "
+                                          r"\(.*test_torch_program.py:\d+: if h.sum\(\) > 0:"):
+        export(_DataDecided(split=False), {"x": x})
+    program = torch.export.export(_DataDecided(split=True), (x,))
+    with pytest.raises(ConfigError, match=r"<model> \(_DataDecided\) makes a tensor whose "
+                                          r"size the data decides \(aten.split_with_sizes"):
+        translate(program)
+
+
 class _Dropping(torch.nn.Module):
     def __init__(self, rate: float, attend: float = 0.0, noise: bool = False):
         super().__init__()

@@ -156,6 +156,9 @@ def _shrunk(values: dict) -> dict:
         out["mamba_d_head"] = inner // out["mamba_n_heads"]
     if {"mamba_headdim", "n_mamba_heads", "mamba_expand"} <= set(out) and width:  # Zamba2's
         out["mamba_headdim"] = width * out["mamba_expand"] // out["n_mamba_heads"]
+    if isinstance(out.get("layers_block_type"), list) and "attn_layer_period" in out:
+        # Zamba ties its first hybrid layer's shared attention to the other hybrids': two
+        out["layers_block_type"] = ["hybrid"] * len(out["layers_block_type"])
     if isinstance(out.get("layers_block_type"), list) and "hybrid_layer_ids" in out:
         out["hybrid_layer_ids"] = [i for i, kind in enumerate(out["layers_block_type"])
                                    if kind == "hybrid"]  # Zamba2's, as its kinds were cut

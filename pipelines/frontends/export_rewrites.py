@@ -57,6 +57,29 @@ def refuse_randomness(program: torch.export.ExportedProgram) -> None:
         raise ConfigError(f"{module_of(node)} draws random numbers in training mode {advice}")
 
 
+def refuse_data_dependent_shapes(program: torch.export.ExportedProgram) -> None:
+    """A ConfigError naming the first layer of ``program`` whose result has a size the data
+    decides (``x[mask]``; a split by counts read with ``.tolist()``: JetMoE's tokens per
+    expert): a compiled step's shapes are static, and TVM's importer cannot take such a
+    size."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for node in program.graph.nodes:
+        value = node.meta.get("val")
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if node.op != "call_function" or not any(isinstance(v, torch.Tensor)
+                                                 and free_unbacked_symbols(v) for v in values):
+            continue
+        if node.target is torch.ops.aten.index.Tensor:
+            raise ConfigError(f"{module_of(node)} indexes a tensor with a boolean mask (x[mask]):"
+                              " it selects as many elements as the mask holds, a number the "
+                              "data decides, and a compiled step's shapes are static; keep the "
+                              "shape: torch.where(mask, x, 0), or x * mask")
+        raise ConfigError(f"{module_of(node)} makes a tensor whose size the data decides "
+                          f"({node.target}); a compiled step's shapes are static: pad to a "
+                          "fixed size and mask, as a mixture of experts' batched path does")
+
+
 def _unread(node) -> bool:
     """Whether nothing reads what ``node`` draws: it has no user, nor has the tensor it fills
     in place (BigBird's attention, built afresh for short inputs and initialised at random,

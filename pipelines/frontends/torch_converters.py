@@ -131,11 +131,6 @@ def index_tensor(node, importer):
     with a whole axis before them (ConvBERT's) as an outer product."""
     x, indices = importer.retrieve_args(node)[:2]
     emit, rank = importer.block_builder.emit, len(shape_of(x))
-    if any(i is not None and "int" not in dtype_of(i) for i in indices):
-        raise ConfigError(f"{module_of(node)} indexes a tensor with a boolean mask "
-                          "(x[mask]): it selects as many elements as the mask holds, a "
-                          "number the data decides, and a compiled step's shapes are static; "
-                          "keep the shape: torch.where(mask, x, 0), or x * mask")
     wrapped = {}
     for axis, index in enumerate(indices):
         if index is not None:

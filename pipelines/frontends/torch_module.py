@@ -20,6 +20,7 @@ same path from its module on (``export_module``).
 from __future__ import annotations
 
 import inspect
+import re
 import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -145,6 +146,7 @@ def load_module(model: Config) -> tuple[torch.nn.Module, dict[str, torch.Tensor]
 def export(module: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     """torch.export of ``module`` in training mode, inputs by name in ``forward``'s order."""
     import torch
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     from pipelines.frontends.export_rewrites import (drop_unread_grad_blocks,
                                                      refuse_custom_backward, refuse_randomness,
@@ -152,11 +154,27 @@ def export(module: torch.nn.Module, inputs: dict[str, torch.Tensor]):
 
     order = list(inspect.signature(module.forward).parameters)
     ordered = {name: inputs[name] for name in order if name in inputs}
-    program = torch.export.export(module.train(), (), kwargs=ordered)
+    try:
+        program = torch.export.export(module.train(), (), kwargs=ordered)
+    except GuardOnDataDependentSymNode as err:
+        raise _branches_on_data(module, str(err)) from err
     refuse_randomness(program)  # before saving: a random in-place op does not load back
     refuse_custom_backward(module, ordered, program)
     drop_unread_grad_blocks(program)
     return static_masked_rows(program)
+
+
+def _branches_on_data(module: torch.nn.Module, message: str) -> ConfigError:
+    """The error for a module whose Python control flow reads a tensor's values, at the
+    line torch.export names (the user's call, else the frame that guarded)."""
+    call = re.search(r"The following call raised this error:\n\s*File \"(.+?)\", line (\d+)"
+                     r".*\n\s*(.+)", message)
+    cause = re.search(r"Caused by: \((.+?)\)", message)
+    where = (f"{call[1]}:{call[2]}: {call[3].strip()}" if call else cause[1] if cause
+             else message.splitlines()[0])
+    return ConfigError(f"{type(module).__name__} branches on a tensor's values ({where}): a "
+                       "compiled step is one graph for every batch, so an if or assert on data "
+                       "cannot be traced; use torch.where, or torch._check for an assert")
 
 
 def load_program(path: Path) -> torch.export.ExportedProgram:

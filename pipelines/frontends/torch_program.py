@@ -19,6 +19,7 @@ from tvm import relax
 from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
 from pipelines.frontends.export_rewrites import (module_of, no_grad_as_detach,
+                                                refuse_data_dependent_shapes,
                                                 refuse_randomness)
 from pipelines.frontends.graph import origins_of, training_batch_norm, with_buffers
 from pipelines.frontends.layers import tied_parameters
@@ -104,6 +105,7 @@ def translate(program: torch.export.ExportedProgram) -> tuple[relax.Function, di
     state, produced = _BufferState(), {}
     tied = tied_parameters(program)
     refuse_randomness(program)  # a saved program (.pt2) is checked here
+    refuse_data_dependent_shapes(program)
     _views_as_reshapes(program)
     no_grad_as_detach(program)
     # Core ATen ops, as TVM's from_exported_program does (adaptive pooling becomes a mean),
