@@ -43,7 +43,8 @@ DEPTHS = ["num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder
 SMALL = {
     **dict.fromkeys(DEPTHS, 2),
     **dict.fromkeys(["hidden_size", "d_model", "n_embd", "dim", "embed_dim",
-                     "pooler_hidden_size"], 32),
+                     "pooler_hidden_size", "input_embedding_size", "output_embedding_size"],
+                    32),  # RemBERT's output embedding: 1664 wide by 250k words at its default
     **dict.fromkeys(["intermediate_size", "ffn_dim", "n_inner", "decoder_ffn_dim",
                      "encoder_ffn_dim", "hidden_dim", "d_ff", "mamba_d_ssm"], 64),
     **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "decoder_attention_heads",
