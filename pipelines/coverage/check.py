@@ -157,6 +157,9 @@ def _shrunk(values: dict) -> dict:
         out["mamba_d_head"] = inner // out["mamba_n_heads"]
     if {"mamba_headdim", "n_mamba_heads", "mamba_expand"} <= set(out) and width:  # Zamba2's
         out["mamba_headdim"] = width * out["mamba_expand"] // out["n_mamba_heads"]
+    if {"n_input_layers", "n_recurrent_layers", "n_output_layers"} <= set(out):  # Dory's
+        out.update(n_input_layers=0, n_recurrent_layers=1, n_output_layers=1)  # parts: the
+        # recurrent core and one output layer, as many as the depth
     if isinstance(out.get("layers_block_type"), list) and "attn_layer_period" in out:
         # Zamba ties its first hybrid layer's shared attention to the other hybrids': two
         out["layers_block_type"] = ["hybrid"] * len(out["layers_block_type"])
