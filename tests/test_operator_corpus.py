@@ -4,7 +4,8 @@ variants, interpolation, embedding bags, gather/scatter, cumsum, einsum, masked 
 slices, complex rotations, -inf masks, negative indices, log and division of integers (rounded
 too), top-k routing, a reshaped layer scale, detached values and no_grad blocks, an indexer no
 gradient reaches, a fixed parameter, an empty split section, patches cut and summed back by
-unfold and fold, sliding windows after an empty cache) compile through the one chain, train the
+unfold and fold, sliding windows after an empty cache, rows a mask selects mapped by adapters
+and written back) compile through the one chain, train the
 parameters PyTorch's loss gives a gradient, and take three full-BP SGD-momentum steps as
 PyTorch does: the loss and every tensor within rtol 1e-4 (conftest.assert_steps_match)."""
 import numpy as np
@@ -18,7 +19,8 @@ from pipelines.models.pytorch import selection_of, task_loss
 
 OPT = SGD(kind="sgd", lr=0.05, momentum=0.9)
 ENTRIES = ["conv1d_mixer", "conv3d_net", "transposed_convs", "pools", "gather_scatter",
-           "strided_rotary", "top_k_router", "indexed_router", "layer_scale", "patches"]
+           "strided_rotary", "top_k_router", "indexed_router", "layer_scale", "patches",
+           "masked_adapters"]
 
 
 @pytest.mark.slow

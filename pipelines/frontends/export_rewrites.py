@@ -204,16 +204,28 @@ def drop_unread_grad_blocks(program: torch.export.ExportedProgram) -> None:
 
 
 def static_masked_rows(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """``program`` with ``x[mask].view(B, -1, H)[:, -1]`` (BART's, T5's and their kin's
-    classifiers read each sentence's last end-of-sentence token so) as each row's last masked
-    position read with static shapes: ``x[rows, argmax(mask * (1..S))]``. The masked count is
-    data-dependent, which a saved program cannot hold (torch.export.load refuses its unbacked
-    size) nor a compiled step's static shapes; the result is the same wherever the rows hold
-    equally many, which transformers checks. Its runtime checks of such counts
-    (``_assert_scalar``) go with it (a compiled step checks no data), and the program is
-    traced again for its new shapes; a program without the pattern is returned as it is."""
-    aten, graph = torch.ops.aten, program.graph
-    rewritten = False
+    """``program`` with the boolean-mask patterns whose data-dependent size a saved program
+    cannot hold (torch.export.load refuses its unbacked size) nor a compiled step's static
+    shapes, written with static shapes: each row's last masked position (_last_masked_reads)
+    and masked rows mapped row by row (_rowwise_masked_writes). Its runtime checks of the
+    masked counts (``_assert_scalar``) go with them (a compiled step checks no data), and the
+    program is traced again for its new shapes; a program without them is returned as it is."""
+    graph = program.graph
+    if not (_last_masked_reads(graph) | _rowwise_masked_writes(graph)):
+        return program
+    no_grad_as_detach(program)  # tracing again inlines no_grad blocks
+    for node in [n for n in graph.nodes if n.target is torch.ops.aten._assert_scalar.default]:
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return program.run_decompositions({})
+
+
+def _last_masked_reads(graph) -> bool:
+    """``x[mask].view(B, -1, H)[:, -1]`` (BART's, T5's and their kin's classifiers read each
+    sentence's last end-of-sentence token so) as ``x[rows, argmax(mask * (1..S))]``: the same
+    wherever the rows hold equally many, which transformers checks."""
+    aten, rewritten = torch.ops.aten, False
     for node in list(graph.nodes):
         if node.target is not aten.index.Tensor or len(node.args[1]) != 1:
             continue
@@ -238,11 +250,84 @@ def static_masked_rows(program: torch.export.ExportedProgram) -> torch.export.Ex
             picked = graph.call_function(aten.index.Tensor, (x, [rows, last]))
         lasts[0].replace_all_uses_with(picked)
         rewritten = True
-    if not rewritten:
-        return program
-    no_grad_as_detach(program)  # tracing again inlines no_grad blocks
-    for node in [n for n in graph.nodes if n.target is aten._assert_scalar.default]:
-        graph.erase_node(node)
-    graph.eliminate_dead_code()
-    program.graph_module.recompile()
-    return program.run_decompositions({})
+    return rewritten
+
+
+# ops that map each row of their first input alone (over its trailing axes), and elementwise
+# ones of rows and of values that do not come from the rows
+ROWWISE = {getattr(torch.ops.aten, name).default for name in (
+    "linear", "gelu", "relu", "silu", "sigmoid", "tanh", "dropout", "layer_norm")}
+ELEMENTWISE = {getattr(torch.ops.aten, name).Tensor for name in ("add", "mul", "sub")}
+# in place on the selected rows (``out[mask] += v``), out of place once the rows are all rows
+IN_PLACE = {getattr(torch.ops.aten, f"{name}_").Tensor: getattr(torch.ops.aten, name).Tensor
+            for name in ("add", "mul", "sub")}
+# what reads a data-dependent row count: checks a compiled step leaves out
+ROW_COUNT = {torch.ops.aten.sym_size.int, torch.ops.aten._assert_scalar.default,
+             operator.ge, operator.le}
+
+
+def _rowwise_masked_writes(graph) -> bool:
+    """``out[mask] = f(x[mask])`` (or ``+=``) where f maps each selected row alone (X-MOD's
+    language adapters: linear layers and activations) as ``where(mask, f(x), out)``: f of
+    every row, the unselected ones' discarded, so the same values and gradients. ``out``'s
+    later reads, up to the next such write, read the result."""
+    aten, rewritten = torch.ops.aten, False
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    masks = [n for n in graph.nodes if getattr(n.meta.get("val"), "dtype", None) == torch.bool]
+    for mask in masks:
+        selects = [u for u in mask.users if u.target is aten.index.Tensor and u.args[1] == [mask]]
+        rank = mask.meta["val"].dim()
+        writes, region = _rowwise_region(selects, mask, min(
+            (s.args[0].meta["val"].dim() - rank for s in selects), default=0))
+        if not writes:
+            continue
+        for select in selects:
+            select.replace_all_uses_with(select.args[0])
+        for node in region:
+            node.target = IN_PLACE.get(node.target, node.target)
+        for write in writes:
+            target, _, values = write.args[:3]
+            with graph.inserting_before(write):
+                keep = graph.call_function(aten.view.default, (
+                    mask, list(mask.meta["val"].shape) + [1] * (target.meta["val"].dim() - rank)))
+                if len(write.args) > 3 and write.args[3]:  # accumulate
+                    values = graph.call_function(aten.add.Tensor, (target, values))
+                merged = graph.call_function(aten.where.self, (keep, values, target))
+            merged.meta["val"] = write.meta["val"]  # out's shape, for its later selects
+            write.replace_all_uses_with(merged)
+            if write.target is aten.index_put_.default:  # in place: later reads of out
+                target.replace_all_uses_with(merged, delete_user_cb=lambda user, at=write: (
+                    order.get(user, -1) > order[at]))
+            graph.erase_node(write)
+        rewritten = True
+    return rewritten
+
+
+def _rowwise_region(selects: list, mask, trailing: int) -> tuple[list, set]:
+    """(the writes ``out[mask] = ...`` that ``selects`` (x[mask] for any x) reach through
+    ROWWISE and ELEMENTWISE ops alone, no other value with a size the data decides among
+    their operands; the nodes on the way). No writes where another op reads the rows, or the
+    selected rows have no trailing axes of their own (``trailing``) for the ops to map."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    aten, writes, seen = torch.ops.aten, [], set(selects)
+    if not selects or trailing < 1:
+        return [], seen
+    for user in selects[0].graph.nodes:  # in order: a user's operands are seen before it
+        nodes = [a for a in user.args if isinstance(a, torch.fx.Node)]
+        if user in seen or not any(a in seen for a in nodes):
+            continue
+        static = all(a in seen or not free_unbacked_symbols(a.meta.get("val")) for a in nodes)
+        if user.target in (aten.index_put_.default, aten.index_put.default) \
+                and user.args[1] == [mask] and user.args[2] in seen and user.args[0] not in seen:
+            writes.append(user)
+        elif user.target in ROW_COUNT:
+            continue
+        elif static and (user.target in ROWWISE and nodes[0] in seen
+                         or user.target in ELEMENTWISE or user.target in IN_PLACE):
+            if user.target is aten.layer_norm.default and len(user.args[1]) > trailing:
+                return [], seen
+            seen.add(user)
+        else:
+            return [], seen
+    return writes, seen

@@ -281,6 +281,37 @@ def indexed_router(batch_size: int):
     return IndexedRouter(), {"x": torch.randn(batch_size, 5, 6)}
 
 
+class MaskedAdapters(nn.Module):
+    """Rows mapped by the adapter their mask picks and written back in place
+    (``out[mask] = f(x[mask])``: X-MOD's language adapters, a language per sequence, none
+    picked by some batches), then added to over tokens (``out[mask] += g(x[mask])``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+        self.adapters = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(6), nn.Linear(6, 4), nn.GELU(), nn.Linear(4, 6))
+            for _ in range(2))
+        self.token = nn.Linear(6, 6)
+        self.head = nn.Linear(6, CLASSES)
+
+    def forward(self, ids, x):
+        h = self.proj(x)                                           # [b, 5, 6]
+        language = ids[:, 0] % 2
+        out = torch.zeros_like(h)
+        for index, adapter in enumerate(self.adapters):
+            picked = language == index
+            out[picked] = adapter(h[picked])
+        marked = ids[:, 1:6] > 50                                  # [b, 5]: tokens
+        out[marked] += torch.tanh(self.token(h[marked])) * 0.5
+        return self.head((out + h).mean(1))
+
+
+def masked_adapters(batch_size: int):
+    return MaskedAdapters(), {"ids": torch.randint(0, 100, (batch_size, 7)),
+                              "x": torch.randn(batch_size, 5, 6)}
+
+
 class Patches(nn.Module):
     """Overlapping patches cut (``F.unfold``), mixed and summed back (``F.fold``: an
     index_put that adds along whole batch and channel axes), as MobileViT-v2 does; and
