@@ -261,9 +261,9 @@ ELEMENTWISE = {getattr(torch.ops.aten, name).Tensor for name in ("add", "mul", "
 # in place on the selected rows (``out[mask] += v``), out of place once the rows are all rows
 IN_PLACE = {getattr(torch.ops.aten, f"{name}_").Tensor: getattr(torch.ops.aten, name).Tensor
             for name in ("add", "mul", "sub")}
-# what reads a data-dependent row count: checks a compiled step leaves out
-ROW_COUNT = {torch.ops.aten.sym_size.int, torch.ops.aten._assert_scalar.default,
-             operator.ge, operator.le}
+# torch.export's checks of a selected row count (0 <= count <= rows): a compiled step checks
+# no data; a count read otherwise is the data's, and refused
+COUNT_CHECKS = (operator.ge, operator.le)
 
 
 def _rowwise_masked_writes(graph) -> bool:
@@ -321,7 +321,10 @@ def _rowwise_region(selects: list, mask, trailing: int) -> tuple[list, set]:
         if user.target in (aten.index_put_.default, aten.index_put.default) \
                 and user.args[1] == [mask] and user.args[2] in seen and user.args[0] not in seen:
             writes.append(user)
-        elif user.target in ROW_COUNT:
+        elif user.target is aten.sym_size.int and all(
+                check.target in COUNT_CHECKS and all(
+                    a.target is aten._assert_scalar.default for a in check.users)
+                for check in user.users):
             continue
         elif static and (user.target in ROWWISE and nodes[0] in seen
                          or user.target in ELEMENTWISE or user.target in IN_PLACE):
