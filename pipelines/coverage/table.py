@@ -28,8 +28,8 @@ def render(records: list[dict], expected: int) -> str:
              "Written by the coverage stage (`dvc repro coverage/dvc.yaml`; "
              "pipelines/coverage/check.py): each architecture of transformers' causal-LM, "
              "sequence- and image-classification auto mappings, shrunk (2 layers, small widths, "
-             "seeded), one full-BP SGD step compiled and compared with PyTorch's step with the "
-             "class's own loss. `ok`: the loss and every tensor within 1e-4 of its scale, the "
+             "seeded; a batch of 8 sequences of 8 tokens or 8 images of 64 x 64), one full-BP "
+             "SGD step compiled and compared with PyTorch's step with the class's own loss. `ok`: the loss and every tensor within 1e-4 of its scale, the "
              "trained set PyTorch's; `noise`: a tensor further off, but no further than "
              "PyTorch's own step moves when its weights move by 8 float32 ulps "
              "(docs/frontends.md). Otherwise the first phase it does not pass.",
