@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from pipelines.coverage.check import PHASES, summary
+from pipelines.coverage.check import BATCH, IMAGE, PHASES, SEQUENCE, SMALL, summary
 
 # what differs between records that fail the same way: the layer, a binding, a number, a
 # quoted name (an op name such as relax.nn.conv1d is kept)
@@ -27,9 +27,10 @@ def render(records: list[dict], expected: int) -> str:
              "",
              "Written by the coverage stage (`dvc repro coverage/dvc.yaml`; "
              "pipelines/coverage/check.py): each architecture of transformers' causal-LM, "
-             "sequence- and image-classification auto mappings, shrunk (2 layers, small widths, "
-             "seeded; a batch of 8 sequences of 8 tokens or 8 images of 64 x 64), one full-BP "
-             "SGD step compiled and compared with PyTorch's step with the class's own loss. `ok`: the loss and every tensor within 1e-4 of its scale, the "
+             "sequence- and image-classification auto mappings, shrunk "
+             f"({SMALL['num_hidden_layers']} layers, small widths, seeded; a batch of {BATCH} "
+             f"sequences of {SEQUENCE} tokens or {BATCH} images of {IMAGE} x {IMAGE}), one "
+             "full-BP SGD step compiled and compared with PyTorch's step with the class's own loss. `ok`: the loss and every tensor within 1e-4 of its scale, the "
              "trained set PyTorch's; `noise`: a tensor further off, but no further than "
              "PyTorch's own step moves when its weights move by 8 float32 ulps "
              "(docs/frontends.md). Otherwise the first phase it does not pass.",
