@@ -224,6 +224,30 @@ def test_a_boolean_mask_write_of_a_shared_value_is_a_where():
                                _MaskedWrites()(x).numpy(), rtol=1e-6)
 
 
+class _CountedAdapter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        out, keep = x.clone(), x[:, 0] > 0
+        rows = x[keep]
+        out[keep] = self.proj(rows) * rows.shape[0]  # scaled by the selected count
+        return out
+
+
+def test_a_masked_write_that_reads_its_row_count_stays_refused():
+    """out[mask] = f(x[mask]) becomes where(mask, f(x), out) only while f maps each row
+    alone: scaled by the number of selected rows, the rewrite would count every row."""
+    from pipelines.frontends.torch_module import export
+    from pipelines.frontends.torch_program import translate
+
+    program = export(_CountedAdapter(), {"x": torch.randn(6, 4)})
+    with pytest.raises(ConfigError, match=r"<model> \(_CountedAdapter\) indexes a tensor "
+                                          r"with a boolean mask"):
+        translate(program)
+
+
 class _DataDecided(torch.nn.Module):
     def __init__(self, split: bool):
         super().__init__()
