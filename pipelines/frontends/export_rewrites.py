@@ -269,10 +269,9 @@ COUNT_CHECKS = (operator.ge, operator.le)
 def _rowwise_masked_writes(graph) -> bool:
     """``out[mask] = f(x[mask])`` (or ``+=``) where f maps each selected row alone (X-MOD's
     language adapters: linear layers and activations) as ``where(mask, f(x), out)``: f of
-    every row, the unselected ones' discarded, so the same values and gradients. ``out``'s
-    later reads, up to the next such write, read the result."""
+    every row, the unselected ones' discarded, so the same values and gradients. torch.export
+    threads an in-place write's result to ``out``'s later reads: they read the where."""
     aten, rewritten = torch.ops.aten, False
-    order = {node: i for i, node in enumerate(graph.nodes)}
     masks = [n for n in graph.nodes if getattr(n.meta.get("val"), "dtype", None) == torch.bool]
     for mask in masks:
         selects = [u for u in mask.users if u.target is aten.index.Tensor and u.args[1] == [mask]]
@@ -295,9 +294,6 @@ def _rowwise_masked_writes(graph) -> bool:
                 merged = graph.call_function(aten.where.self, (keep, values, target))
             merged.meta["val"] = write.meta["val"]  # out's shape, for its later selects
             write.replace_all_uses_with(merged)
-            if write.target is aten.index_put_.default:  # in place: later reads of out
-                target.replace_all_uses_with(merged, delete_user_cb=lambda user, at=write: (
-                    order.get(user, -1) > order[at]))
             graph.erase_node(write)
         rewritten = True
     return rewritten
