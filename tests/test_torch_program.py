@@ -248,6 +248,28 @@ def test_a_masked_write_that_reads_its_row_count_stays_refused():
         translate(program)
 
 
+class _Clipping(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.proj.weight.data.clamp_(-0.1, 0.1)  # weights clipped as Gemma 3n's AltUp does
+        return self.proj(x).sum()
+
+
+def test_a_write_in_forward_the_trace_cannot_follow_is_refused_by_line():
+    """weight.data.clamp_ in forward: torch.export clamps a detached copy, so the compiled
+    forward would read the weight unclipped (PyTorch's reads it clipped); torch's own error
+    named no line."""
+    from pipelines.frontends.torch_module import export
+
+    with pytest.raises(ConfigError, match=r"<model> \(_Clipping\) writes in forward to a "
+                                          r"tensor .*aten.clamp_.default at "
+                                          r"test_torch_program.py:\d+: self.proj.weight.data"):
+        export(_Clipping(), {"x": torch.randn(2, 4)})
+
+
 class _DataDecided(torch.nn.Module):
     def __init__(self, split: bool):
         super().__init__()

@@ -3,10 +3,13 @@ take as PyTorch gives it: what a ``torch.no_grad()`` block computes, detached wh
 (translating inlines the block and would forget it), and dropped where nothing reads it (a
 saved program cannot hold it); a boolean mask's data-dependent selection, where only each
 row's last pick is read, with static shapes; and the refusal of a program that draws random
-numbers in training mode, or of a module whose gradient crosses a backward of its own."""
+numbers in training mode, writes in forward where the trace cannot follow, or of a module
+whose gradient crosses a backward of its own."""
 from __future__ import annotations
 
 import operator
+import re
+from pathlib import Path
 
 import torch
 
@@ -78,6 +81,34 @@ def refuse_data_dependent_shapes(program: torch.export.ExportedProgram) -> None:
         raise ConfigError(f"{module_of(node)} makes a tensor whose size the data decides "
                           f"({node.target}); a compiled step's shapes are static: pad to a "
                           "fixed size and mask, as a mixture of experts' batched path does")
+
+
+def refuse_untraced_writes(program: torch.export.ExportedProgram) -> None:
+    """A ConfigError naming the first layer of ``program`` that writes, in forward, to a tensor
+    the trace cannot follow (``weight.data.clamp_(...)``: Gemma 3n's AltUp clips its
+    coefficients so): torch.export leaves the write on a detached copy, so the compiled
+    forward would read the weight unclipped; a compiled step changes weights by its update
+    alone."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    untraced = {name for name, value in program.constants.items()
+                if isinstance(value, FakeTensor)}
+    lifted = program.graph_signature.inputs_to_lifted_tensor_constants
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or lifted.get(node.name) not in untraced:
+            continue
+        writes = [u for u in node.users if getattr(u.target, "_schema", None) is not None
+                  and u.target._schema.name.endswith("_")] or [node]
+        frames = re.findall(r'File "(.+?)", line (\d+), in .+\n\s*(.+)',
+                            writes[0].meta.get("stack_trace") or "")
+        where = (f" at {Path(frames[-1][0]).name}:{frames[-1][1]}: {frames[-1][2].strip()}"
+                 if frames else "")
+        raise ConfigError(f"{module_of(writes[0])} writes in forward to a tensor torch.export "
+                          f"cannot follow ({writes[0].target}{where}; a parameter's .data): "
+                          "the compiled forward would not see the write, and a compiled step "
+                          "changes weights by its update alone: move it out of forward, to run "
+                          "between steps, or turn it off where the model's config has a "
+                          "setting for it (models.model.config)")
 
 
 def _unread(node) -> bool:

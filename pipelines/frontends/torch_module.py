@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import re
 import types
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -150,14 +151,18 @@ def export(module: torch.nn.Module, inputs: dict[str, torch.Tensor]):
 
     from pipelines.frontends.export_rewrites import (drop_unread_grad_blocks,
                                                      refuse_custom_backward, refuse_randomness,
-                                                     static_masked_rows)
+                                                     refuse_untraced_writes, static_masked_rows)
 
     order = list(inspect.signature(module.forward).parameters)
     ordered = {name: inputs[name] for name in order if name in inputs}
-    try:
-        program = torch.export.export(module.train(), (), kwargs=ordered)
+    try:  # an untraced write is refused below, by layer and line, not by torch's message
+        with torch._export.config.patch(error_on_lifted_constant_tensors=False), \
+                warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*fake tensor in the exported program")
+            program = torch.export.export(module.train(), (), kwargs=ordered)
     except GuardOnDataDependentSymNode as err:
         raise _branches_on_data(module, str(err)) from err
+    refuse_untraced_writes(program)
     refuse_randomness(program)  # before saving: a random in-place op does not load back
     refuse_custom_backward(module, ordered, program)
     drop_unread_grad_blocks(program)
