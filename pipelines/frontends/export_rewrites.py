@@ -104,11 +104,11 @@ def refuse_untraced_writes(program: torch.export.ExportedProgram) -> None:
         where = (f" at {Path(frames[-1][0]).name}:{frames[-1][1]}: {frames[-1][2].strip()}"
                  if frames else "")
         raise ConfigError(f"{module_of(writes[0])} writes in forward to a tensor torch.export "
-                          f"cannot follow ({writes[0].target}{where}; a parameter's .data): "
-                          "the compiled forward would not see the write, and a compiled step "
-                          "changes weights by its update alone: move it out of forward, to run "
-                          "between steps, or turn it off where the model's config has a "
-                          "setting for it (models.model.config)")
+                          f"cannot follow ({writes[0].target}{where}): it traces a write to a "
+                          "parameter's .data on a detached copy, so the compiled forward would "
+                          "not see it, and a compiled step changes weights by its update alone; "
+                          "move it out of forward, to run between steps, or turn it off where "
+                          "the model's config has a setting for it (models.model.config)")
 
 
 def _unread(node) -> bool:
