@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipelines.coverage.check import (PHASES, TASKS, _float32_spread, _pytorch_step, architectures,
-                                      check, summary, tiny_config)
+from pipelines.coverage.check import (PHASES, TASKS, _float32_spread, _pytorch_step,
+                                      _within_noise, architectures, check, summary,
+                                      tiny_config)
 from pipelines.coverage.run import run_all
 from pipelines.coverage.table import cause, render
 
@@ -112,6 +113,18 @@ def test_pytorchs_own_spread_is_large_where_a_relu_sits_at_a_rounding_from_zero(
     _, want_state, _ = _pytorch_step(module, type(module), ["x"], batch)
     spread = _float32_spread(module, type(module), ["x"], batch, state, want_state)
     assert (spread > 0.05) if moves else (spread < 1e-5), spread
+
+
+@pytest.mark.parametrize("weights, loss, exact, noise", [
+    (1e-3, 2.0, 2.0, True),           # weights within twice the spread, the loss PyTorch's
+    (1e-5, 2.0003, 2.0002, True),     # the loss off, but closer to float64 than PyTorch's
+    (1e-5, 2.0009, 2.0002, False),    # the loss further from float64 than twice PyTorch's
+    (1e-5, 2.0003, None, False),      # no float64 loss to tell
+    (3e-3, 2.0, 2.0, False)])         # weights beyond twice the spread
+def test_noise_is_a_step_no_further_off_than_pytorchs_own_float32(weights, loss, exact, noise):
+    """PyTorch's loss here is 2.0 and its spread 1e-3: a compiled step off by no more than
+    PyTorch's own float32 rounding explains is noise; anything further is a mismatch."""
+    assert _within_noise({"weights": weights, "loss": loss}, 1e-3, 2.0, exact) is noise
 
 
 @pytest.mark.slow

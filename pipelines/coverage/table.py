@@ -32,7 +32,8 @@ def render(records: list[dict], expected: int) -> str:
              f"sequences of {SEQUENCE} tokens or {BATCH} images of {IMAGE} x {IMAGE}), one "
              "full-BP SGD step compiled and compared with PyTorch's step with the class's own loss. `ok`: the loss and every tensor within 1e-4 of its scale, the "
              "trained set PyTorch's; `noise`: a tensor further off, but no further than "
-             "PyTorch's own step moves when its weights move by 8 float32 ulps "
+             "PyTorch's own step moves when its weights move by 8 float32 ulps, and a loss "
+             "no further from PyTorch's float64 loss than PyTorch's float32 loss "
              "(docs/frontends.md). Otherwise the first phase it does not pass.",
              "",
              f"Checked: {len(records)} of the {expected} architectures"
