@@ -255,20 +255,28 @@ def test_keras_small_cnn_steps_like_the_other_frontends(tmp_path, host_profile):
         select([{"name": "half", "modules": ["conv1"], "channels": 0.5}], layers)
 
 
+def keras_mobilenetv2_net():
+    """Keras, and keras.applications.MobileNetV2 at 32x32 and width 0.35, seeded random init;
+    skips the test where Keras is not installed."""
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip(KERAS)
+    from pipelines.frontends.keras import load_keras
+
+    keras = load_keras()
+    keras.utils.set_random_seed(0)
+    return keras, keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35,
+                                                 weights=None, classes=10)
+
+
 @pytest.fixture(scope="module")
 def keras_mobilenetv2(tmp_path_factory):
     """keras.applications.MobileNetV2, random init at 32x32 and width 0.35, saved as a .keras
     file: its model section, its lowered form (one import for every scheme), and the function
     the keras frontend reads from the file (apply, params, buffers)."""
-    if importlib.util.find_spec("keras") is None:
-        pytest.skip(KERAS)
     from pipelines.compile import import_and_lower
-    from pipelines.frontends.keras import load_keras, load_keras_file
+    from pipelines.frontends.keras import load_keras_file
 
-    keras = load_keras()
-    keras.utils.set_random_seed(0)
-    net = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
-                                         classes=10)
+    _, net = keras_mobilenetv2_net()
     path = tmp_path_factory.mktemp("keras_mobilenetv2") / "model.keras"
     net.save(path)
     apply, params, _, buffers, _ = load_keras_file(path, BATCH)
@@ -331,14 +339,9 @@ def test_keras_mobilenetv2_with_frozen_batch_norms_steps_as_keras_to_1e_4(tmp_pa
     (jax.grad), the losses rel 1e-5. Training-mode batch norm is held to 2% above: there
     Keras's own float32 step moves by up to 1% of a depthwise kernel when its weights move by
     8 ulps (docs/frontends.md); frozen, by 1e-6."""
-    if importlib.util.find_spec("keras") is None:
-        pytest.skip(KERAS)
-    from pipelines.frontends.keras import load_keras, load_keras_file
+    from pipelines.frontends.keras import load_keras_file
 
-    keras = load_keras()
-    keras.utils.set_random_seed(0)
-    net = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
-                                         classes=10)
+    keras, net = keras_mobilenetv2_net()
     rng = np.random.default_rng(0)
     for layer in net.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
