@@ -88,6 +88,9 @@ class EvaluateInputs(Strict):
 class MeasureInputs(Strict):
     benchmark: Benchmark
     seed: int
+    # PyTorch's peers in a device's container (runners/docker.py: docker.peers) train the model
+    model: Model
+    optimizer: Optimizer
 
 
 class PackageInputs(Strict):
@@ -136,7 +139,8 @@ def resolve(params: Params) -> dict[Path, str | bytes]:
                                        optimizer=optimizer, lora=scheme.lora,
                                        evaluate=case.evaluate, benchmark=params.benchmark,
                                        seed=params.seed),
-            "measure": MeasureInputs(benchmark=params.benchmark, seed=params.seed),
+            "measure": MeasureInputs(benchmark=params.benchmark, seed=params.seed, model=model,
+                                     optimizer=optimizer),
             "package": PackageInputs(trial_steps=params.package.trial_steps, seed=params.seed),
         }
         for stage, value in inputs.items():

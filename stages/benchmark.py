@@ -2,7 +2,8 @@
 reaches it (pipelines/evaluate/device.py; pipelines/runtime/runners): over TVM RPC, under qemu,
 in a container limited to the device's cores and memory, or here; one step on the seeded batch
 profile@ ran the host build on, checked against its outputs, then timed. A runner of none
-records why nothing ran.
+records why nothing ran. In a container, the PyTorch peers the profile names train the same case
+in the same limits after it.
 
 Output: artifacts/metrics/benchmark/<case>-<device>.json (DVC metrics). A step that does not
 match the host build's is recorded, and the stage fails.
@@ -28,7 +29,8 @@ def main(name: str, device: str) -> None:
                             TrainingStep.load_initial(case_dir(name, "autodiff")),
                             synthetic_batch(signature, inputs.seed),
                             Reference.load(device_dir(name, HOST, "reference")).ordered(signature),
-                            inputs.benchmark.warmup, inputs.benchmark.steps)
+                            inputs.benchmark.warmup, inputs.benchmark.steps, inputs.model,
+                            inputs.optimizer)
     write_json_atomic(metrics_path("benchmark", f"{name}-{device}"), metrics)
     print(summary(metrics))
     if metrics.get("matches_host") is False:  # recorded, and the stage fails: a wrong build

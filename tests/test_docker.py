@@ -7,6 +7,9 @@ images that ship it (pipelines/runtime/package.py).
   1e-6);
 - a profile with too little memory is killed for memory, which the runner reports as such and
   the benchmark stage (pipelines/evaluate/device.py) records as a verdict;
+- PyTorch's peers train the same case in the device's container (the PyTorch image): three
+  steps' losses equal eager PyTorch's here (rel 1e-5), the trained set the same size; in 48 MB
+  PyTorch is out of memory;
 - the native runner and the Python runner give the same batches, losses and weights, bit for
   bit; the native runner names bad data (exit 2) and stops at a non-finite loss (exit 3);
 - the packaged image (no Python in it) fine-tunes on a tiny mounted data directory; its losses
@@ -110,6 +113,47 @@ def test_too_little_memory_is_reported_as_out_of_memory(client, host_step, edge_
                            warmup=0, steps=1)
     assert result["ran"] and result["verdict"] == "out_of_memory"
     assert result["memory_mb"] == 48 and "memory_mb=48" in result["reason"]
+
+
+@pytest.mark.slow
+def test_pytorch_peers_train_in_the_container_as_on_the_host(client, params, host_step,
+                                                             edge_build):
+    """PyTorch's peers in the device's limits do the host's update: three steps' losses within
+    1e-5 of eager PyTorch's here (full backpropagation, and the scheme's frozen layers frozen),
+    the first within 1e-4 of the compiled step's; in 48 MB it is out of memory."""
+    from pipelines.evaluate.device import run_on_device
+    from pipelines.frontends.twin import torch_twin
+    from pipelines.models.pytorch import lr_scales_of, make_optimizer, selection_of, train_step
+    from pipelines.runtime.step import CompiledStep
+
+    model = params.models[params.cases[CASE].model]
+    batch = _batches(8)
+    local = CompiledStep(host_step.directory, host_step.initial)
+    want = [o.numpy() for o in local.function(*local.arguments(*batch))]
+    peers = {"docker": {"peers": ["torch_eager_full", "torch_eager_frozen"]}}
+    result = run_on_device("edge_x86", load_profile("edge_x86", {"edge_x86": peers}),
+                           edge_build, host_step.initial, batch, want, warmup=2, steps=1,
+                           model=model, optimizer=OPT)
+    signature = host_step.signature
+    for peer, frozen in (("torch_eager_full", False), ("torch_eager_frozen", True)):
+        got = result["peers"][peer]
+        assert got["verdict"] == "ok" and got["matches_host"], got
+        twin = torch_twin(model, signature, host_step.initial, adapters=frozen)
+        update = (make_optimizer(twin, OPT, list(selection_of(signature)),
+                                 lr_scales_of(signature)) if frozen
+                  else make_optimizer(twin, OPT))
+        here = [train_step(twin, update, *batch) for _ in range(3)]
+        assert got["losses"] == pytest.approx(here, rel=1e-5), peer
+        trained = sum(p.numel() for p in twin.parameters() if p.requires_grad)
+        assert got["trained_elements"] == trained, peer
+        assert got["container"]["steps"] == 1 and 0 < got["peak_rss_bytes"] < 2048 * 2**20
+    assert (result["peers"]["torch_eager_frozen"]["trained_elements"]
+            < result["peers"]["torch_eager_full"]["trained_elements"])
+    small = load_profile("edge_x86", {"edge_x86": {"memory_mb": 48,
+                                                   "docker": {"peers": ["torch_eager_full"]}}})
+    starved = run_on_device("edge_x86", small, edge_build, host_step.initial, batch, want,
+                            warmup=0, steps=1, model=model, optimizer=OPT)
+    assert starved["peers"]["torch_eager_full"]["verdict"] == "out_of_memory"
 
 
 def _about(signature: dict) -> dict:

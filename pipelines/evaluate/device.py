@@ -6,7 +6,9 @@
   TVM's time_evaluator (rpc), or labelled ``emulated`` or ``container`` (this machine's cores,
   not the device's; never compared with real timings). ``verdict`` is ``ok``, or
   ``out_of_memory`` when the step did not fit in the container's memory_mb: recorded (the
-  device's answer, not a crash of the pipeline);
+  device's answer, not a crash of the pipeline). In a container, the PyTorch peers the profile
+  names (``docker.peers``) then train the case in the same limits, each with its verdict
+  (``peers``: container_peers.py);
 - local: this machine (another build for it, e.g. another -mcpu): checked and timed here;
 - none: nothing here reaches the device; the result says so, and how to reach it.
 """
@@ -16,14 +18,30 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.phases import Build
 from pipelines.runtime.agreement import compare
 
 
 def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple,
-                  reference: list[np.ndarray], warmup: int, steps: int) -> dict:
+                  reference: list[np.ndarray], warmup: int, steps: int, model=None,
+                  optimizer=None) -> dict:
     """What ran where, checked against the host build's outputs ``reference`` on the same
-    arguments (profile@: the loss, then every updated tensor); see the module docstring."""
-    from pipelines.phases import Build
+    arguments (profile@: the loss, then every updated tensor); see the module docstring. In a
+    container whose profile names PyTorch peers, they train ``model`` with ``optimizer`` (the
+    case's) after it (container_peers.py)."""
+    metrics = _run_build(device, profile, build, initial, batch, reference, warmup, steps)
+    peers = profile.docker.peers if profile.runner == "docker" and profile.docker else []
+    if peers and metrics["ran"]:
+        from pipelines.evaluate.container_peers import run_peers
+
+        metrics["peers"] = run_peers(profile, peers, model, Build.load(build).signature,
+                                     initial, optimizer, batch, float(reference[0]), warmup,
+                                     steps)
+    return metrics
+
+
+def _run_build(device: str, profile, build: Path, initial: dict, batch: tuple,
+               reference: list[np.ndarray], warmup: int, steps: int) -> dict:
     from pipelines.runtime.images import OutOfMemory
     from pipelines.runtime.runners import RUNNERS, NotReachable
     from pipelines.runtime.step import initial_state
@@ -56,7 +74,16 @@ def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple
 
 
 def summary(metrics: dict) -> str:
-    """One line: what ran where and how it compares."""
+    """A line on what ran where and how it compares, and one per PyTorch peer beside it."""
+    return "\n".join([_summary(metrics), *(
+        f"  {peer}: " + (f"{r['verdict']} ({r['reason']})" if "reason" in r else
+                         f"ok, peak {r['peak_rss_bytes'] / 2**20:.0f} MiB, loss {r['loss']:.6f} "
+                         f"{'matches' if r['matches_host'] else 'DOES NOT MATCH'} the host "
+                         f"build's; {r['container']['median_ms']:.2f} ms/step")
+        for peer, r in metrics.get("peers", {}).items())])
+
+
+def _summary(metrics: dict) -> str:
     device = f"{metrics['device']}"
     if not metrics["ran"]:
         return f"{device}: not run ({metrics['reason']})"

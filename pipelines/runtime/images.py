@@ -5,7 +5,8 @@ An image is a stack of layer tarballs:
    made by mmdebstrap with SOURCE_DATE_EPOCH fixed, so the same Debian packages give the same
    bytes;
 2. Python: the device's wheels of TVM and numpy at the versions installed here;
-3. for a package, the application (pipelines/runtime/package.py).
+3. for a package, the application (pipelines/runtime/package.py); for PyTorch's peers in a
+   device's container, PyTorch's CPU wheel (``pytorch_layers``).
 Every layer is a deterministic tar (sorted names, zero times and owners) and the image config
 has fixed times, so the image ID, the sha256 of the config, is a hash of the content: the same
 inputs give the same ID, and the tag is derived from it. A stage records the ID beside its DVC
@@ -35,6 +36,13 @@ from pipelines.io import sha256_file
 from pipelines.schema import ConfigError
 from pipelines.runtime.emulation import (ARCHITECTURES, DEBIAN, WHEELS, debian_command,
                                  device_architecture, install_wheels)
+
+# PyTorch's CPU wheel and what it imports (torch.export's loader needs sympy), for the peers'
+# image; without its C++ headers, test binaries and tools (a third of the wheel), which training
+# in Python never loads (torch/bin holds the shared-memory manager torch starts with)
+PYTORCH_WHEELS = ["torch", "numpy", "typing_extensions", "filelock", "fsspec", "jinja2",
+                  "markupsafe", "networkx", "sympy", "mpmath", "setuptools"]
+PYTORCH_UNUSED = ["torch/include", "torch/test", "torch/share"]
 
 CACHE = Path(os.environ.get("POCKENGINE_CACHE", "~/.cache/pockengine")).expanduser() / "layers"
 ENGINE_HELP = ("start one as root: `dockerd --storage-driver=vfs --iptables=false --bridge=none &` "
@@ -150,13 +158,18 @@ def debian_layer(arch: str, packages: list[str] = DEBIAN, drop: tuple[str, ...] 
     return _cached(f"debian-{arch}-{_key('bookworm', packages, EPOCH, drop)}.tar", make)
 
 
-def python_layer(arch: str) -> Path:
-    wheels = {w: version(w) for w in WHEELS}
+def python_layer(arch: str, wheels: list[str] = WHEELS, name: str = "python",
+                 unused: list[str] = ()) -> Path:
+    """The device's ``wheels`` (the versions installed here) under SITE, without the
+    directories ``unused``: TVM and numpy by default."""
+    pins = {w: version(w) for w in wheels}
 
     def make(path: Path) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             site = Path(tmp)
-            install_wheels(arch, site)
+            install_wheels(arch, site, wheels)
+            for directory in unused:
+                shutil.rmtree(site / directory)
             # Console scripts carry the shebang of the interpreter pip ran under (this
             # checkout's venv), so the layer would depend on where it was made; the image runs
             # python3 itself. Left out, with their RECORD lines.
@@ -168,7 +181,8 @@ def python_layer(arch: str) -> Path:
                 add_tree(tar, site, SITE)
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return _cached(f"python-{arch}-{_key(python, wheels, 'no-scripts')}.tar", make)
+    key = _key(python, pins, 'no-scripts', *([list(unused)] if unused else []))
+    return _cached(f"{name}-{arch}-{key}.tar", make)
 
 
 def packageable(profile) -> str:
@@ -190,12 +204,24 @@ def runs_here(arch: str) -> str | None:
         "containers of its own architecture only")
 
 
-def runtime_layers(arch: str) -> list[Path]:
-    """Debian and Python layers for a device of architecture ``arch`` (target mtriple's)."""
+def _known(arch: str) -> None:
     if arch not in ARCHITECTURES:
         raise ConfigError(f"no container image for architecture {arch!r}; allowed: "
                           f"{sorted(ARCHITECTURES)}")
+
+
+def runtime_layers(arch: str) -> list[Path]:
+    """Debian and Python layers for a device of architecture ``arch`` (target mtriple's)."""
+    _known(arch)
     return [debian_layer(arch), python_layer(arch)]
+
+
+def pytorch_layers(arch: str) -> list[Path]:
+    """Debian and PyTorch (CPU) with numpy, the versions installed here, no TVM: what a peer
+    needs to train in a device's container (pipelines/evaluate/container_peers.py)."""
+    _known(arch)
+    return [debian_layer(arch),
+            python_layer(arch, PYTORCH_WHEELS, "pytorch", PYTORCH_UNUSED)]
 
 
 def image_config(arch: str, layers: list[Path], config: dict) -> bytes:

@@ -1,13 +1,17 @@
 """This machine's CPU in a container limited to the profile's cores and memory (no swap, no
 network), running on_device.py in the runtime image (Debian, TVM, numpy: runtime/images.py). A
 step that does not fit the memory is killed as it would be on the device, and recorded as out
-of memory. Its step times are this machine's cores, labelled container."""
+of memory. Its step times are this machine's cores, labelled container. PyTorch's peers
+(``docker.peers``) train the same case in the same limits, in the PyTorch image
+(pipelines/evaluate/container_peers.py)."""
 from __future__ import annotations
 
+import json
 import platform
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from pydantic import PositiveFloat
 
@@ -18,12 +22,16 @@ SECTION = "docker"
 TAKES_ARCHIVE = False
 RUNS_HERE = True
 LABEL = "container"
+PEER = Path(__file__).parents[1] / "peer_in_container.py"
 
 
 class Config(Strict):
-    """A profile's ``docker``: how long a container may run."""
+    """A profile's ``docker``: how long a container may run, and which PyTorch peers train
+    the case in the same limits after the compiled step (eager full backpropagation; eager
+    with the scheme's frozen layers frozen)."""
 
     timeout_s: PositiveFloat = 900
+    peers: list[Literal["torch_eager_full", "torch_eager_frozen"]] = []
 
 
 def check(profile) -> None:
@@ -45,15 +53,22 @@ def prepare(profile) -> str | None:
     return f"docker: {start_engine()}"
 
 
-def run(library: Path, args: list, profile, warmup: int, steps: int):
-    """Raises images.OutOfMemory when the step does not fit."""
+def _image(profile, layers, name: str) -> tuple:
+    """The engine, and the image of ``layers`` for the profile's architecture, loaded."""
     from pipelines.runtime.emulation import ARCHITECTURES, device_architecture
-    from pipelines.runtime.images import engine, ensure_image, run_limited, runtime_layers
+    from pipelines.runtime.images import engine, ensure_image
 
     client = engine()
     arch = device_architecture(profile, "a container image")
-    image = ensure_image(client, arch, runtime_layers(arch), {},
-                         f"pockengine/runtime-{ARCHITECTURES[arch][0]}")
+    return client, ensure_image(client, arch, layers(arch), {},
+                                f"pockengine/{name}-{ARCHITECTURES[arch][0]}")
+
+
+def run(library: Path, args: list, profile, warmup: int, steps: int):
+    """Raises images.OutOfMemory when the step does not fit."""
+    from pipelines.runtime.images import run_limited, runtime_layers
+
+    client, image = _image(profile, runtime_layers, "runtime")
     timeout = (profile.docker or Config()).timeout_s
     with tempfile.TemporaryDirectory(prefix="pock-docker-") as tmp:
         io = Path(tmp)
@@ -68,3 +83,23 @@ def run(library: Path, args: list, profile, warmup: int, steps: int):
                     profile, {io: ("/io", "rw")}, timeout)
         outputs, times, info = read_outputs(io / "outputs.npz")
     return outputs, times, {**info, "image": image["tag"], "image_id": image["id"]}
+
+
+def run_peer(program: Path, plan: dict, args: list, profile, warmup: int, steps: int) -> dict:
+    """peer_in_container.py's results for ``program`` (the model and its loss, saved by
+    torch.export) trained as ``plan`` says on ``args``, in the PyTorch image in the profile's
+    limits; raises images.OutOfMemory when it does not fit."""
+    from pipelines.runtime.images import pytorch_layers, run_limited
+
+    client, image = _image(profile, pytorch_layers, "pytorch")
+    with tempfile.TemporaryDirectory(prefix="pock-docker-") as tmp:
+        io = Path(tmp)
+        shutil.copy(program, io / "program.pt2")
+        (io / "plan.json").write_text(json.dumps(plan))
+        save_inputs(io / "inputs.npz", args)
+        shutil.copy(PEER, io / PEER.name)
+        run_limited(client, image["id"], ["python3", f"/io/{PEER.name}", "/io/program.pt2",
+                                          "/io/plan.json", "/io/inputs.npz", "/io/output.json",
+                                          str(warmup), str(steps)],
+                    profile, {io: ("/io", "rw")}, (profile.docker or Config()).timeout_s)
+        return {**json.loads((io / "output.json").read_text()), "image": image["tag"]}

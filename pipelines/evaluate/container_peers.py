@@ -1,0 +1,100 @@
+"""PyTorch's peers in a device's container (a docker profile's ``docker.peers``): the case's
+PyTorch twin from the step's initial values, exported with its loss by torch.export, trained in
+the PyTorch image in the same core and memory limits as the compiled step (runners/docker.py),
+with the optimizer and trainable set the peer has on the host (pipelines/peers). On an 8 GiB
+board the question is whether PyTorch's step fits at all: its verdict (ok / out_of_memory) and
+its process's peak, measured as the compiled step's are. Its first loss is checked against the
+host build's on the same batch; its step times are this machine's cores, labelled container.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipelines.runtime.agreement import RTOL
+
+FROZEN = {"torch_eager_full": False, "torch_eager_frozen": True}
+
+
+class _WithLoss(torch.nn.Module):
+    """The model and the task's loss, one module to export: called on the step's batch (the
+    model's inputs, then the labels), it returns the loss."""
+
+    def __init__(self, model: torch.nn.Module, task: str):
+        super().__init__()
+        self.model, self.task = model, task
+
+    def forward(self, *batch):
+        from pipelines.models.pytorch import task_loss
+
+        *inputs, labels = batch
+        return task_loss(self.task, self.model(*inputs), labels)
+
+
+def optimizer_plan(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """``optimizer`` as peer_in_container.py rebuilds it: its class, and each param group's
+    settings with its parameters by every name ``module`` has for them."""
+    names: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return {"optimizer": type(optimizer).__name__,
+            "groups": [{**{k: v for k, v in group.items() if k != "params"},
+                        "params": [names[id(p)] for p in group["params"]]}
+                       for group in optimizer.param_groups]}
+
+
+def export_peer(model, signature: dict, initial: dict, optimizer, batch: tuple, frozen: bool,
+                out: Path) -> dict:
+    """The peer's twin and loss saved to ``out`` (torch.export), and its optimizer's plan."""
+    from pipelines.frontends.twin import torch_twin
+    from pipelines.models.pytorch import lr_scales_of, make_optimizer, selection_of
+
+    twin = torch_twin(model, signature, initial, adapters=frozen)
+    # a channel-selected parameter is trained whole, as peers.pytorch.peer_twin does
+    update = (make_optimizer(twin, optimizer, list(selection_of(signature)),
+                             lr_scales_of(signature)) if frozen
+              else make_optimizer(twin, optimizer))
+    wrapped = _WithLoss(twin, signature["task"]).train()
+    program = torch.export.export(wrapped, tuple(torch.from_numpy(np.ascontiguousarray(a))
+                                                 for a in batch))
+    torch.export.save(program, out)
+    return optimizer_plan(wrapped, update)
+
+
+def run_peers(profile, peers: list[str], model, signature: dict, initial: dict, optimizer,
+              batch: tuple, loss_host: float, warmup: int, steps: int) -> dict:
+    """Each of ``peers`` trained in the profile's container: its verdict, peak, first loss
+    against the host build's ``loss_host``, and step times; a peer that fails is recorded
+    with its error."""
+    from pipelines.runtime.images import OutOfMemory
+    from pipelines.runtime.runners.docker import run_peer
+
+    results = {}
+    for peer in peers:
+        with tempfile.TemporaryDirectory(prefix="pock-peer-") as tmp:
+            program = Path(tmp) / "program.pt2"
+            try:
+                plan = export_peer(model, signature, initial, optimizer, batch, FROZEN[peer],
+                                   program)
+                ran = run_peer(program, plan, list(batch), profile, warmup, steps)
+            except OutOfMemory as err:
+                results[peer] = {"verdict": "out_of_memory", "memory_mb": profile.memory_mb,
+                                 "reason": str(err).splitlines()[0]}
+                continue
+            except Exception as err:  # the table says why: the error and its last line
+                lines = [line for line in str(err).splitlines() if line.strip()] or [""]
+                results[peer] = {"verdict": "failed", "reason": f"{type(err).__name__}: "
+                                 + " ... ".join(dict.fromkeys([lines[0], lines[-1]]))}
+                continue
+        loss, times = ran["losses"][0], ran["times_ms"]
+        results[peer] = {
+            "verdict": "ok", "peak_rss_bytes": ran["peak_rss_bytes"], "image": ran["image"],
+            "loss": loss, "loss_host": loss_host, "losses": ran["losses"],
+            "matches_host": bool(abs(loss - loss_host) <= RTOL * abs(loss_host)),
+            "trained": ran["trained"], "trained_elements": ran["trained_elements"],
+            "container": {"median_ms": float(np.median(times)),
+                          "p90_ms": float(np.percentile(times, 90)), "steps": len(times)}}
+    return results

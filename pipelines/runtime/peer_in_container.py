@@ -1,0 +1,56 @@
+"""A PyTorch peer's training step in a device's container: the model with its loss, saved by
+torch.export, trained by torch.optim as the case's optimizer does; the steps' losses, the
+timed steps' times and the process's peak resident memory.
+
+Usage: python peer_in_container.py PROGRAM.pt2 PLAN.json INPUTS.npz OUTPUT.json WARMUP STEPS
+PLAN.json: {"optimizer": a torch.optim class, "groups": [{"params": [[name, ...], ...], its
+settings}]}, each trained parameter by its names (a tied one has several, of which the program
+keeps one); every other parameter is frozen. INPUTS.npz: the program's arguments in call order
+(arg_000, ...). Needs only PyTorch and numpy (images.pytorch_layers), as on_device.py needs only
+TVM's runtime.
+"""
+import json
+import resource
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def run(program: str, plan_file: str, inputs: str, output: str, warmup: int, steps: int) -> None:
+    module = torch.export.load(program).module()
+    with open(plan_file) as handle:
+        plan = json.load(handle)
+    params = dict(module.named_parameters())
+    for param in params.values():
+        param.requires_grad_(False)
+    groups = []
+    for group in plan["groups"]:
+        trained = [params[next(n for n in names if n in params)] for names in group["params"]]
+        for param in trained:
+            param.requires_grad_(True)
+        groups.append({**group, "params": trained})
+    optimizer = getattr(torch.optim, plan["optimizer"])(groups)
+    with np.load(inputs) as arrays:
+        args = [torch.from_numpy(arrays[name]) for name in sorted(arrays.files)]
+    losses, times = [], []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = module(*args)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    with open(output, "w") as handle:
+        json.dump({"losses": losses, "times_ms": times,
+                   "trained": sum(len(g["params"]) for g in groups),
+                   "trained_elements": sum(p.numel() for g in groups for p in g["params"]),
+                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024},
+                  handle)
+
+
+if __name__ == "__main__":
+    run(*sys.argv[1:5], int(sys.argv[5]), int(sys.argv[6]))
