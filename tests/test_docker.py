@@ -8,8 +8,8 @@ images that ship it (pipelines/runtime/package.py).
 - a profile with too little memory is killed for memory, which the runner reports as such and
   the benchmark stage (pipelines/evaluate/device.py) records as a verdict;
 - PyTorch's peers train the same case in the device's container (the PyTorch image): three
-  steps' losses equal eager PyTorch's here (rel 1e-5), the trained set the same size; in 48 MB
-  PyTorch is out of memory;
+  steps' losses equal eager PyTorch's here (rel 1e-5), the trained set the same size; one that
+  is killed for memory, or fails, is recorded so, the others still run;
 - the native runner and the Python runner give the same batches, losses and weights, bit for
   bit; the native runner names bad data (exit 2) and stops at a non-finite loss (exit 3);
 - the packaged image (no Python in it) fine-tunes on a tiny mounted data directory; its losses
@@ -120,7 +120,7 @@ def test_pytorch_peers_train_in_the_container_as_on_the_host(client, params, hos
                                                              edge_build):
     """PyTorch's peers in the device's limits do the host's update: three steps' losses within
     1e-5 of eager PyTorch's here (full backpropagation, and the scheme's frozen layers frozen),
-    the first within 1e-4 of the compiled step's; in 48 MB it is out of memory."""
+    the first within 1e-4 of the compiled step's."""
     from pipelines.evaluate.device import run_on_device
     from pipelines.frontends.twin import torch_twin
     from pipelines.models.pytorch import lr_scales_of, make_optimizer, selection_of, train_step
@@ -149,11 +149,31 @@ def test_pytorch_peers_train_in_the_container_as_on_the_host(client, params, hos
         assert got["container"]["steps"] == 1 and 0 < got["peak_rss_bytes"] < 2048 * 2**20
     assert (result["peers"]["torch_eager_frozen"]["trained_elements"]
             < result["peers"]["torch_eager_full"]["trained_elements"])
-    small = load_profile("edge_x86", {"edge_x86": {"memory_mb": 48,
-                                                   "docker": {"peers": ["torch_eager_full"]}}})
-    starved = run_on_device("edge_x86", small, edge_build, host_step.initial, batch, want,
-                            warmup=0, steps=1, model=model, optimizer=OPT)
-    assert starved["peers"]["torch_eager_full"]["verdict"] == "out_of_memory"
+
+
+def test_a_peer_out_of_memory_or_failing_is_recorded_and_the_next_runs(monkeypatch):
+    """(No container: the kill itself is the runner's, tested above with the compiled step; a
+    PyTorch process in a tiny limit can thrash on its library's pages for minutes first.)"""
+    from pipelines.evaluate import container_peers
+    from pipelines.runtime import runners
+    from pipelines.runtime.images import OutOfMemory
+
+    answers = iter([OutOfMemory("killed for memory (exit 137): over memory_mb=8192\nlogs"),
+                    RuntimeError("container exited with 1:\nTraceback\nValueError: bad")])
+
+    def run_peer(*args):
+        raise next(answers)
+
+    monkeypatch.setattr(container_peers, "export_peer", lambda *args: {})
+    monkeypatch.setattr(runners.RUNNERS["docker"], "run_peer", run_peer)
+    got = container_peers.run_peers(load_profile("board_8g", {}),
+                                    ["torch_eager_full", "torch_eager_frozen"], None, {}, {},
+                                    OPT, (), 2.0, 0, 1)
+    assert got == {
+        "torch_eager_full": {"verdict": "out_of_memory", "memory_mb": 8192,
+                             "reason": "killed for memory (exit 137): over memory_mb=8192"},
+        "torch_eager_frozen": {"verdict": "failed", "reason": "RuntimeError: container "
+                                                              "exited with 1: ... ValueError: bad"}}
 
 
 def _about(signature: dict) -> dict:
