@@ -88,6 +88,28 @@ def test_a_device_run_shows_its_peak_or_that_it_did_not_fit():
     assert rows["q_full"].endswith("| docker |  | out of memory | over 8192 MiB |")
 
 
+def test_pytorch_in_the_device_container_shows_its_verdict_peak_and_loss():
+    built = {"library": "step.so", "library_bytes": 2**20, "links_on_device": False,
+             "target": '{"kind":"llvm","mcpu":"x86-64-v3"}'}
+    peers = {"torch_eager_full": {"verdict": "out_of_memory", "memory_mb": 8192.0},
+             "torch_eager_frozen": {"verdict": "ok", "peak_rss_bytes": 5 * 2**30,
+                                    "matches_host": True, "loss": 12.25, "loss_host": 12.25,
+                                    "container": {"median_ms": 2500.0}},
+             "torch_eager_other": {"verdict": "failed", "reason": "RuntimeError: boom"}}
+    fits = {"ran": True, "verdict": "ok", "runner": "docker", "matches_host": True, "loss": 2.5,
+            "loss_host": 2.5, "container": {"median_ms": 900.0}, "peak_rss_bytes": 3 * 2**30,
+            "peers": peers}
+    found = {"build": {"q_paper-board_8g": built}, "package": {},
+             "benchmark": {"q_paper-board_8g": fits}}
+    rows = [line for line in device_table(found) if line.startswith("| q_paper | board_8g | ")]
+    assert rows[1:] == [
+        "| q_paper | board_8g | torch_eager_full | out_of_memory | over 8192 MiB |  | out of "
+        "memory |",
+        "| q_paper | board_8g | torch_eager_frozen | ok | 5120.00 MiB | matches (12.250000 vs "
+        "12.250000) | 2500.00 ms in a container |",
+        "| q_paper | board_8g | torch_eager_other | failed |  |  | RuntimeError: boom |"]
+
+
 def test_a_case_is_read_by_accuracy_or_a_language_model_by_perplexity():
     cost = {"trainable_fraction": 0.3, "backward_flops_vs_full": 0.4}
     plan = {"planned_peak_bytes": 2**20}

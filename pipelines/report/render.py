@@ -212,6 +212,33 @@ def _target_name(target: str) -> str:
     return f"{fields.get('kind', '')} {chip}".strip()
 
 
+def _container_peers_table(benchmarks: dict) -> list[str]:
+    """PyTorch training the same case in the device's container after the compiled step
+    (evaluate/container_peers.py): does the tool a user would pick instead fit?"""
+    rows = [(key, peer, r) for key, bench in benchmarks.items() if bench
+            for peer, r in bench.get("peers", {}).items()]
+    if not rows:
+        return []
+    lines = ["", "PyTorch in the same container, after the compiled step (its twin from the same "
+             "values, exported with its loss; the same optimizer and trainable set as on the "
+             "host):", "", "| case | device | peer | verdict | peak memory | first loss vs the "
+             "host build | step latency |", "|---|---|---|---|---|---|---|"]
+    for key, peer, r in rows:
+        case, device = key.rsplit("-", 1)
+        if r["verdict"] == "ok":
+            cells = [_mib(r["peak_rss_bytes"]),
+                     f"{'matches' if r['matches_host'] else 'DOES NOT MATCH'} ({r['loss']:.6f} "
+                     f"vs {r['loss_host']:.6f})",
+                     f"{r['container']['median_ms']:.2f} ms in a container"]
+        elif r["verdict"] == "out_of_memory":
+            cells = [f"over {r['memory_mb']:.0f} MiB", "", "out of memory"]
+        else:
+            cells = ["", "", r["reason"]]
+        lines.append(f"| {case} | {device} | {peer} | {r['verdict']} | " + " | ".join(cells)
+                     + " |")
+    return lines
+
+
 def device_table(found: dict) -> list[str]:
     lines = ["## Devices", "", "| case | device | target | built | ran | matches the host "
              "build | step latency | peak memory |", "|---|---|---|---|---|---|---|---|"]
@@ -243,6 +270,7 @@ def device_table(found: dict) -> list[str]:
         case, device = key.rsplit("-", 1)
         lines.append(f"| {case} | {device} | {_target_name(built['target'])} | {what} | {ran} "
                      f"| {matches} | {latency} | {peak} |")
+    lines += _container_peers_table(found["benchmark"])
     packages = [(k, p) for k, p in found["package"].items() if p]
     if packages:
         lines += ["", "Packages: the native runner (no Python) in the image, tried within the "
