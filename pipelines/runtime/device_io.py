@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 ON_DEVICE = Path(__file__).with_name("on_device.py")
+PEER_IN_CONTAINER = Path(__file__).with_name("peer_in_container.py")
 
 
 def libraries_beside(library: Path) -> list[Path]:

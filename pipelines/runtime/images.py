@@ -181,6 +181,7 @@ def python_layer(arch: str, wheels: list[str] = WHEELS, name: str = "python",
                 add_tree(tar, site, SITE)
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    # without ``unused``, the key the TVM layer has always had (its cached file stays valid)
     key = _key(python, pins, 'no-scripts', *([list(unused)] if unused else []))
     return _cached(f"{name}-{arch}-{key}.tar", make)
 

@@ -15,14 +15,14 @@ from typing import Literal
 
 from pydantic import PositiveFloat
 
-from pipelines.runtime.device_io import ON_DEVICE, libraries_beside, read_outputs, save_inputs
+from pipelines.runtime.device_io import (ON_DEVICE, PEER_IN_CONTAINER, libraries_beside,
+                                         read_outputs, save_inputs)
 from pipelines.schema import Strict
 
 SECTION = "docker"
 TAKES_ARCHIVE = False
 RUNS_HERE = True
 LABEL = "container"
-PEER = Path(__file__).parents[1] / "peer_in_container.py"
 
 
 class Config(Strict):
@@ -97,8 +97,9 @@ def run_peer(program: Path, plan: dict, args: list, profile, warmup: int, steps:
         shutil.copy(program, io / "program.pt2")
         (io / "plan.json").write_text(json.dumps(plan))
         save_inputs(io / "inputs.npz", args)
-        shutil.copy(PEER, io / PEER.name)
-        run_limited(client, image["id"], ["python3", f"/io/{PEER.name}", "/io/program.pt2",
+        shutil.copy(PEER_IN_CONTAINER, io / PEER_IN_CONTAINER.name)
+        run_limited(client, image["id"], ["python3", f"/io/{PEER_IN_CONTAINER.name}",
+                                          "/io/program.pt2",
                                           "/io/plan.json", "/io/inputs.npz", "/io/output.json",
                                           str(warmup), str(steps)],
                     profile, {io: ("/io", "rw")}, (profile.docker or Config()).timeout_s)
