@@ -453,3 +453,32 @@ def test_a_device_step_matches_elementwise_or_by_its_change():
     wrong = compare([host[0], before - change], host, [None, before])
     assert not wrong["matches_host"] and wrong["worst_change_error"] > 1
     assert not compare([np.float32(2.4), host[1]], host, [None, before])["matches_host"]
+
+
+def test_an_adam_update_at_float_noise_matches_by_its_gradient():
+    """Adam's first step moves an element by ~lr whatever its gradient, so where the gradient
+    is float noise (1e-11: a key bias's) the two builds move it opposite ways. Matched when the
+    first moments agree to RTOL of the step's largest; a gradient off at its own scale is not."""
+    from pipelines.runtime.agreement import adam_first_moments, compare
+
+    rng = np.random.default_rng(0)
+    signature = {"outputs": ["loss", "new_p_q", "new_p_v", "new_m_p_q", "new_m_p_v"],
+                 "optimizer_state": {"m_p_q": {"param": "p_q", "slot": "m", "torch": "exp_avg"},
+                                     "m_p_v": {"param": "p_v", "slot": "m", "torch": "exp_avg"}}}
+    before = ([None] + [rng.standard_normal(64).astype("float32") for _ in range(2)]
+              + [np.zeros(64, "float32")] * 2)  # the weights, then their moments
+
+    def step(gradient_q, gradient_v):  # the outputs of Adam's first step, lr 1e-3
+        return [np.float32(2.3), before[1] - 1e-3 * np.sign(gradient_q),
+                before[2] - 1e-3 * np.sign(gradient_v), 0.1 * gradient_q, 0.1 * gradient_v]
+
+    noise, value = 1e-11 * rng.standard_normal(64), 1e-2 * rng.standard_normal(64)
+    host = step(noise, value)
+    device = step(1e-11 * rng.standard_normal(64), value)  # other noise, same real gradient
+    assert not compare(device, host, before)["matches_host"]
+    result = compare(device, host, before,
+                     adam_first_moments(signature, device, host))
+    assert result["matches_host"] and result["matched_by_gradient"] == 1
+    wrong = step(noise, -value)  # the value bias's gradient negated
+    assert not compare(wrong, host, before,
+                       adam_first_moments(signature, wrong, host))["matches_host"]

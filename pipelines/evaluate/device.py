@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.phases import Build
-from pipelines.runtime.agreement import compare
+from pipelines.runtime.agreement import adam_first_moments, compare
 
 
 def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple,
@@ -66,7 +66,7 @@ def _run_build(device: str, profile, build: Path, initial: dict, batch: tuple,
     return {
         **head, "ran": True, "verdict": "ok", **info,
         "loss": float(got[0]), "loss_host": float(reference[0]),
-        **compare(got, reference, before),
+        **compare(got, reference, before, adam_first_moments(signature, got, reference)),
         # Emulated time is qemu's and container time this machine's, not the device's: kept
         # apart from real timings.
         runner.LABEL: timing,
