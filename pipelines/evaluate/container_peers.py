@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipelines.models.pytorch import lr_scales_of, make_optimizer, task_loss
+from pipelines.peers.pytorch import peer_twin
 from pipelines.runtime.agreement import RTOL
 
 FROZEN = {"torch_eager_full": False, "torch_eager_frozen": True}
@@ -28,8 +30,6 @@ class _WithLoss(torch.nn.Module):
         self.model, self.task = model, task
 
     def forward(self, *batch):
-        from pipelines.models.pytorch import task_loss
-
         *inputs, labels = batch
         return task_loss(self.task, self.model(*inputs), labels)
 
@@ -49,14 +49,8 @@ def optimizer_plan(module: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 def export_peer(model, signature: dict, initial: dict, optimizer, batch: tuple, frozen: bool,
                 out: Path) -> dict:
     """The peer's twin and loss saved to ``out`` (torch.export), and its optimizer's plan."""
-    from pipelines.frontends.twin import torch_twin
-    from pipelines.models.pytorch import lr_scales_of, make_optimizer, selection_of
-
-    twin = torch_twin(model, signature, initial, adapters=frozen)
-    # a channel-selected parameter is trained whole, as peers.pytorch.peer_twin does
-    update = (make_optimizer(twin, optimizer, list(selection_of(signature)),
-                             lr_scales_of(signature)) if frozen
-              else make_optimizer(twin, optimizer))
+    twin, names = peer_twin(model, initial, signature, frozen)
+    update = make_optimizer(twin, optimizer, names, lr_scales_of(signature) if frozen else None)
     wrapped = _WithLoss(twin, signature["task"]).train()
     program = torch.export.export(wrapped, tuple(torch.from_numpy(np.ascontiguousarray(a))
                                                  for a in batch))

@@ -29,24 +29,23 @@ def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple
     arguments (profile@: the loss, then every updated tensor); see the module docstring. In a
     container whose profile names PyTorch peers, they train ``model`` with ``optimizer`` (the
     case's) after it (container_peers.py)."""
-    metrics = _run_build(device, profile, build, initial, batch, reference, warmup, steps)
+    built = Build.load(build)
+    metrics = _run_build(device, profile, built, initial, batch, reference, warmup, steps)
     peers = profile.docker.peers if profile.runner == "docker" and profile.docker else []
     if peers and metrics["ran"]:
         from pipelines.evaluate.container_peers import run_peers
 
-        metrics["peers"] = run_peers(profile, peers, model, Build.load(build).signature,
-                                     initial, optimizer, batch, float(reference[0]), warmup,
-                                     steps)
+        metrics["peers"] = run_peers(profile, peers, model, built.signature, initial,
+                                     optimizer, batch, float(reference[0]), warmup, steps)
     return metrics
 
 
-def _run_build(device: str, profile, build: Path, initial: dict, batch: tuple,
+def _run_build(device: str, profile, built, initial: dict, batch: tuple,
                reference: list[np.ndarray], warmup: int, steps: int) -> dict:
     from pipelines.runtime.images import OutOfMemory
     from pipelines.runtime.runners import RUNNERS, NotReachable
     from pipelines.runtime.step import initial_state
 
-    built = Build.load(build)
     head = {"device": device, "runner": profile.runner}
     signature = built.signature
     state = initial_state(signature, initial)  # the device's library is not loaded here

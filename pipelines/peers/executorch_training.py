@@ -83,7 +83,7 @@ def et_step(spec, signature, batch, frozen: bool):
                                                get_sgd_optimizer)
     from torch.export.experimental import _export_forward_backward
 
-    model, names = peer_twin(spec, signature, frozen)
+    model, names = peer_twin(spec.model, spec.initial, signature, frozen)
     refuse_training_norms(model)
     trained = set(names)
     for name, param in model.named_parameters():

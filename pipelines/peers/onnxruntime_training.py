@@ -93,7 +93,7 @@ def ort_step(spec, signature, batch, frozen: bool):
     from onnxruntime.training import api
 
     onnxruntime.set_default_logger_severity(3)  # its graph passes log each step at info
-    model, names = peer_twin(spec, signature, frozen)
+    model, names = peer_twin(spec.model, spec.initial, signature, frozen)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = spec.cores
     with tempfile.TemporaryDirectory(prefix="pock-ort-") as tmp:

@@ -26,15 +26,16 @@ def torch_step(spec, signature, batch, frozen: bool, compile: bool = False):
     return lambda: train_step(net, optimizer, *tensors, task=signature["task"])
 
 
-def peer_twin(spec, signature, frozen: bool):
-    """The twin a peer trains (the plain model for full backpropagation; the scheme's, LoRA
-    adapters and all, for the scheme) and the parameters it trains, by the source's names:
-    whole tensors (a channel-selected parameter is trained whole, as other engines freeze
-    tensors, not channels)."""
+def peer_twin(model, initial: dict, signature, frozen: bool):
+    """The twin of ``model`` (a config's model section) from ``initial`` that a peer trains
+    (the plain model for full backpropagation; the scheme's, LoRA adapters and all, for the
+    scheme) and the parameters it trains, by the source's names: whole tensors (a
+    channel-selected parameter is trained whole, as other engines freeze tensors, not
+    channels)."""
     from pipelines.frontends.twin import torch_twin
     from pipelines.models.pytorch import selection_of
 
-    model = torch_twin(spec.model, signature, spec.initial, adapters=frozen)
+    model = torch_twin(model, signature, initial, adapters=frozen)
     names = (list(selection_of(signature)) if frozen
              else [name for name, _ in model.named_parameters()])
     return model, names
@@ -48,7 +49,7 @@ def losses_beside_pytorch(peer_step, spec, signature, batch, steps: int, frozen:
     from pipelines.models.pytorch import make_optimizer, train_step
 
     peer = [peer_step() for _ in range(steps)]
-    twin, names = peer_twin(spec, signature, frozen)
+    twin, names = peer_twin(spec.model, spec.initial, signature, frozen)
     update = make_optimizer(twin, optimizer, names)
     return peer, [train_step(twin, update, *batch, task=signature["task"])
                   for _ in range(steps)]

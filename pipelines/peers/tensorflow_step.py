@@ -141,7 +141,7 @@ def tf_step(spec, signature, batch, frozen: bool):
 
     tf.config.threading.set_intra_op_parallelism_threads(spec.cores)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    twin, names = peer_twin(spec, signature, frozen)
+    twin, names = peer_twin(spec.model, spec.initial, signature, frozen)
     model = _Translation(twin.train(), names)
     trained = [model.variables[name] for name in names]
     buffers = [tf.Variable(tf.zeros_like(v), trainable=False) for v in trained]
