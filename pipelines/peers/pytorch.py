@@ -35,10 +35,10 @@ def peer_twin(model, initial: dict, signature, frozen: bool):
     from pipelines.frontends.twin import torch_twin
     from pipelines.models.pytorch import selection_of
 
-    model = torch_twin(model, signature, initial, adapters=frozen)
+    twin = torch_twin(model, signature, initial, adapters=frozen)
     names = (list(selection_of(signature)) if frozen
-             else [name for name, _ in model.named_parameters()])
-    return model, names
+             else [name for name, _ in twin.named_parameters()])
+    return twin, names
 
 
 def losses_beside_pytorch(peer_step, spec, signature, batch, steps: int, frozen: bool,
