@@ -14,7 +14,10 @@
   runner does the same through a tracker and server on loopback that the test starts and stops;
   a missing tracker, key, qemu or root is named at once. The benchmark stage's
   run_on_device (pipelines/evaluate/device.py) checks a local build against the host's and says
-  why a runner of none did not run.
+  why a runner of none did not run;
+- the scripts that run a step off this process read its peak memory by sampling the resident
+  size (pipelines/runtime/sampled_peak.py): 256 MiB held between two reads and freed before
+  the end is in the figure.
 
 Building the step, qemu and RPC take tens of seconds: those tests are slow. The emulated run
 skips, saying why, only where qemu or the emulation root is absent (`pock setup` makes them);
@@ -237,6 +240,19 @@ def test_android_adreno_opencl_build_is_an_archive_with_the_kernels(step, tmp_pa
     with tarfile.open(tmp_path / "step.tar") as tar:
         blobs = b"".join(tar.extractfile(m).read() for m in tar.getmembers())
     assert b"__kernel void" in blobs
+
+
+def test_sampled_peak_sees_memory_held_between_reads():
+    from pipelines.runtime.sampled_peak import SampledPeak, resident_bytes
+
+    size, before = 256 * 2**20, resident_bytes()
+    with SampledPeak(interval_s=0.001) as peak:
+        block = bytearray(size)
+        block[::4096] = b"\1" * len(range(0, size, 4096))  # every page resident
+        time.sleep(0.05)
+        del block
+    assert peak.sampled >= before + 0.9 * size
+    assert peak.bytes >= peak.sampled
 
 
 def test_missing_cross_compiler_names_the_package(tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 
 ON_DEVICE = Path(__file__).with_name("on_device.py")
 PEER_IN_CONTAINER = Path(__file__).with_name("peer_in_container.py")
+SAMPLED_PEAK = Path(__file__).with_name("sampled_peak.py")  # both scripts import it
 
 
 def libraries_beside(library: Path) -> list[Path]:

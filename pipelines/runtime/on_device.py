@@ -3,11 +3,11 @@
 Usage: python on_device.py LIBRARY INPUTS.npz OUTPUT.npz WARMUP STEPS
 INPUTS.npz holds the step's arguments in call order (arg_000, arg_001, ...); OUTPUT.npz gets
 the first step's outputs (out_000 = loss, then the new state), ``times_ms``, one per timed
-step, and ``peak_rss_bytes``, the process's peak resident memory. Needs only numpy and TVM's
-runtime, so it runs where PyTorch does not: under qemu in an aarch64 root (the emulated runner),
-in a container of the runtime image (the docker runner), or on a board by hand.
+step, and ``peak_rss_bytes``, the process's peak resident memory (sampled_peak.py, which travels
+beside this file). Needs only numpy and TVM's runtime, so it runs where PyTorch does not: under
+qemu in an aarch64 root (the emulated runner), in a container of the runtime image (the docker
+runner), or on a board by hand.
 """
-import resource
 import sys
 import time
 
@@ -15,8 +15,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from sampled_peak import SampledPeak
 
-def run(library: str, inputs: str, output: str, warmup: int, steps: int) -> None:
+
+def run(library: str, inputs: str, warmup: int, steps: int) -> tuple[list[float], dict]:
+    """The timed steps' times and the first step's outputs."""
     device = tvm.cpu()
     vm = relax.VirtualMachine(tvm.runtime.load_module(library), device)
     with np.load(inputs) as arrays:
@@ -29,9 +32,11 @@ def run(library: str, inputs: str, output: str, warmup: int, steps: int) -> None
         vm["train_step"](*args)
         if i >= warmup:
             times.append((time.perf_counter() - start) * 1e3)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    np.savez(output, times_ms=np.array(times), peak_rss_bytes=np.array(peak), **results)
+    return times, results
 
 
 if __name__ == "__main__":
-    run(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    with SampledPeak() as peak:
+        times, results = run(sys.argv[1], sys.argv[2], int(sys.argv[4]), int(sys.argv[5]))
+    np.savez(sys.argv[3], times_ms=np.array(times), peak_rss_bytes=np.array(peak.bytes),
+             **results)

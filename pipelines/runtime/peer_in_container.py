@@ -1,6 +1,7 @@
 """A PyTorch peer's training step in a device's container: the model with its loss, saved by
 torch.export, trained by torch.optim as the case's optimizer does; the steps' losses, the
-timed steps' times and the process's peak resident memory.
+timed steps' times and the process's peak resident memory (sampled_peak.py, which travels beside
+this file, as for on_device.py).
 
 Usage: python peer_in_container.py PROGRAM.pt2 PLAN.json INPUTS.npz OUTPUT.json WARMUP STEPS
 PLAN.json: {"optimizer": a torch.optim class, "groups": [{"params": [[name, ...], ...], its
@@ -10,15 +11,16 @@ keeps one); every other parameter is frozen. INPUTS.npz: the program's arguments
 TVM's runtime.
 """
 import json
-import resource
 import sys
 import time
 
 import numpy as np
 import torch
 
+from sampled_peak import SampledPeak
 
-def run(program: str, plan_file: str, inputs: str, output: str, warmup: int, steps: int) -> None:
+
+def run(program: str, plan_file: str, inputs: str, warmup: int, steps: int) -> dict:
     module = torch.export.load(program).module()
     with open(plan_file) as handle:
         plan = json.load(handle)
@@ -44,13 +46,12 @@ def run(program: str, plan_file: str, inputs: str, output: str, warmup: int, ste
         losses.append(loss.item())
         if i >= warmup:
             times.append((time.perf_counter() - start) * 1e3)
-    with open(output, "w") as handle:
-        json.dump({"losses": losses, "times_ms": times,
-                   "trained": sum(len(g["params"]) for g in groups),
-                   "trained_elements": sum(p.numel() for g in groups for p in g["params"]),
-                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024},
-                  handle)
+    return {"losses": losses, "times_ms": times, "trained": sum(len(g["params"]) for g in groups),
+            "trained_elements": sum(p.numel() for g in groups for p in g["params"])}
 
 
 if __name__ == "__main__":
-    run(*sys.argv[1:5], int(sys.argv[5]), int(sys.argv[6]))
+    with SampledPeak() as peak:
+        ran = run(*sys.argv[1:4], int(sys.argv[5]), int(sys.argv[6]))
+    with open(sys.argv[4], "w") as handle:
+        json.dump({**ran, "peak_rss_bytes": peak.bytes}, handle)

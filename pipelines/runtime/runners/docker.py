@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import PositiveFloat
 
-from pipelines.runtime.device_io import (ON_DEVICE, PEER_IN_CONTAINER, libraries_beside,
-                                         read_outputs, save_inputs)
+from pipelines.runtime.device_io import (ON_DEVICE, PEER_IN_CONTAINER, SAMPLED_PEAK,
+                                         libraries_beside, read_outputs, save_inputs)
 from pipelines.schema import Strict
 
 SECTION = "docker"
@@ -73,7 +73,8 @@ def run(library: Path, args: list, profile, warmup: int, steps: int):
     with tempfile.TemporaryDirectory(prefix="pock-docker-") as tmp:
         io = Path(tmp)
         save_inputs(io / "inputs.npz", args)
-        shutil.copy(ON_DEVICE, io / ON_DEVICE.name)
+        for script in (ON_DEVICE, SAMPLED_PEAK):
+            shutil.copy(script, io / script.name)
         shutil.copy(library, io / "step.so")
         for beside in libraries_beside(library):  # as for RPC
             shutil.copy(beside, io / beside.name)
@@ -97,7 +98,8 @@ def run_peer(program: Path, plan: dict, args: list, profile, warmup: int, steps:
         shutil.copy(program, io / "program.pt2")
         (io / "plan.json").write_text(json.dumps(plan))
         save_inputs(io / "inputs.npz", args)
-        shutil.copy(PEER_IN_CONTAINER, io / PEER_IN_CONTAINER.name)
+        for script in (PEER_IN_CONTAINER, SAMPLED_PEAK):
+            shutil.copy(script, io / script.name)
         run_limited(client, image["id"], ["python3", f"/io/{PEER_IN_CONTAINER.name}",
                                           "/io/program.pt2",
                                           "/io/plan.json", "/io/inputs.npz", "/io/output.json",
