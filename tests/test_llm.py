@@ -19,9 +19,17 @@ compiled step's distance held to three times PyTorch float32's plus 1e-3 of the 
 change. The others are held to 2 lr per step (a sign flipped at every step) from PyTorch. A
 wrong or missing update is off by about all of the change.
 
-Each step updates its state in place: no new storage for any weight or moment.
+Each step updates its state in place: no new storage for any weight or moment. The PyTorch peer
+that trains a case in a device's container (its program saved by torch.export, run by
+pipelines/runtime/peer_in_container.py: here on this machine) trains qwen_full's tied embedding
+as eager PyTorch does: three steps' losses within 1e-5.
 The real-size runs are `pock compose experiment=llm && dvc repro`, never in the tests.
 """
+import json
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -97,3 +105,36 @@ def test_each_llm_case_steps_like_pytorch_in_place(llm, build_case, case):
     names = signature["source_names"]
     trained = {names[p] for p in signature["trainable"]}
     assert [n for n in trained if not torch.equal(before[n], after[n])], "nothing updated"
+
+
+def test_the_container_peer_trains_tied_embeddings_as_eager_pytorch(llm, build_case, tmp_path):
+    """torch.export gives the tied input and output embeddings back as two parameters sharing
+    storage, of which the program reads one: that one is trained, or the peer's full BP would
+    leave the embedding frozen (it did, until 2026-12-01)."""
+    from pipelines.config import case_optimizer
+    from pipelines.evaluate.container_peers import export_peer
+    from pipelines.models.pytorch import make_optimizer, train_step
+    from pipelines.runtime.device_io import PEER_IN_CONTAINER, SAMPLED_PEAK, save_inputs
+
+    compiled = build_case(llm, "qwen_full")
+    model = llm.models[llm.cases["qwen_full"].model]
+    optimizer = case_optimizer(llm, llm.cases["qwen_full"])
+    rng = np.random.default_rng(0)
+    shape = compiled.signature["data_types"]["input_ids"]["shape"]
+    batch = (rng.integers(0, REDUCED["vocab_size"], shape).astype("int64"),
+             task_labels("causal_lm", shape, rng, REDUCED["vocab_size"]))
+    plan = export_peer(model, compiled.signature, compiled.initial, optimizer, batch, False,
+                       tmp_path / "program.pt2")
+    assert any(len(names) > 1 for group in plan["groups"] for names in group["params"])
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    save_inputs(tmp_path / "inputs.npz", list(batch))
+    for script in (PEER_IN_CONTAINER, SAMPLED_PEAK):  # alone, as in the container
+        shutil.copy(script, tmp_path / script.name)
+    subprocess.run([sys.executable, str(tmp_path / PEER_IN_CONTAINER.name)] + [
+        str(tmp_path / f) for f in ("program.pt2", "plan.json", "inputs.npz", "out.json")]
+        + ["0", str(STEPS)], check=True)
+    got = json.loads((tmp_path / "out.json").read_text())
+    twin = twin_of(compiled, model)
+    update = make_optimizer(twin, optimizer)
+    here = [train_step(twin, update, *batch, task="causal_lm") for _ in range(STEPS)]
+    assert got["losses"] == pytest.approx(here, rel=1e-5)

@@ -5,10 +5,11 @@ this file, as for on_device.py).
 
 Usage: python peer_in_container.py PROGRAM.pt2 PLAN.json INPUTS.npz OUTPUT.json WARMUP STEPS
 PLAN.json: {"optimizer": a torch.optim class, "groups": [{"params": [[name, ...], ...], its
-settings}]}, each trained parameter by its names (a tied one has several, of which the program
-keeps one); every other parameter is frozen. INPUTS.npz: the program's arguments in call order
-(arg_000, ...). Needs only PyTorch and numpy (images.pytorch_layers), as on_device.py needs only
-TVM's runtime.
+settings}]}, each trained parameter by its names (a tied one has several: the module torch.export
+gives back holds one parameter per name, sharing storage, and its graph reads one of them, which
+is the one trained); every other parameter is frozen. INPUTS.npz: the program's arguments in
+call order (arg_000, ...). Needs only PyTorch and numpy (images.pytorch_layers), as on_device.py
+needs only TVM's runtime.
 """
 import json
 import sys
@@ -22,6 +23,7 @@ from sampled_peak import SampledPeak
 
 def run(program: str, plan_file: str, inputs: str, warmup: int, steps: int) -> dict:
     module = torch.export.load(program).module()
+    read = {node.target for node in module.graph.nodes if node.op == "get_attr" and node.users}
     with open(plan_file) as handle:
         plan = json.load(handle)
     params = dict(module.named_parameters())
@@ -29,7 +31,7 @@ def run(program: str, plan_file: str, inputs: str, warmup: int, steps: int) -> d
         param.requires_grad_(False)
     groups = []
     for group in plan["groups"]:
-        trained = [params[next(n for n in names if n in params)] for names in group["params"]]
+        trained = [params[next(n for n in names if n in read)] for names in group["params"]]
         for param in trained:
             param.requires_grad_(True)
         groups.append({**group, "params": trained})
@@ -42,6 +44,10 @@ def run(program: str, plan_file: str, inputs: str, warmup: int, steps: int) -> d
         optimizer.zero_grad(set_to_none=True)
         loss = module(*args)
         loss.backward()
+        if i == 0:  # an update that would skip a trained tensor is not the case's
+            untouched = [n for n, p in params.items() if p.requires_grad and p.grad is None]
+            if untouched:
+                raise RuntimeError(f"trained parameters got no gradient: {untouched}")
         optimizer.step()
         losses.append(loss.item())
         if i >= warmup:
