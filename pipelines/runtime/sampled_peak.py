@@ -1,11 +1,11 @@
 """The peak resident memory of this process, for the scripts that run a step off this process
 (on_device.py, peer_in_container.py), which carry this file beside them: standard library only.
 
-The kernel's high-water mark (VmHWM, getrusage's ru_maxrss) is raised only when memory is
-unmapped. Near a container's memory limit the kernel reclaims the process's file pages (its
-libraries) while its heap grows, and the resident size it had before is never recorded, so the
-mark falls short of the peak. A thread reads the resident size every few milliseconds instead;
-the peak is the larger of its maximum and the mark (which catches peaks shorter than a read).
+The kernel's high-water mark (VmHWM, getrusage's ru_maxrss) is brought up to date when memory
+is unmapped, not when the kernel reclaims pages. Near a container's memory limit it reclaims the
+process's file pages (its libraries) while its heap grows, so the mark can fall short of the
+peak. A thread reads the resident size every few milliseconds instead; the peak is the larger
+of its maximum and the mark (which catches peaks shorter than a read).
 """
 import os
 import resource
