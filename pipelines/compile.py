@@ -43,10 +43,10 @@ from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import lr_scales, select
 from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FoldConstantReshapes,
                                  FreezeStatistics, FrozenNormsElementwise,
-                                 FuseSoftmaxCrossEntropy, IsolateGemms, MaxPoolGradInBounds,
-                                 NonFiniteFills, PlainPowers, PruneFrozenUpdates,
-                                 RecomputeActivations, ReorderUpdates, SliceChannelUpdates,
-                                 SplitAsSlices, UpdateInPlace)
+                                 FuseSoftmaxCrossEntropy, IsolateGemms, LossGradientInPlace,
+                                 MaxPoolGradInBounds, NonFiniteFills, PlainPowers,
+                                 PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
+                                 SliceChannelUpdates, SplitAsSlices, UpdateInPlace)
 from pipelines.transform.freeze_statistics import norm_scales
 
 NOTHING = tvm.transform.Sequential([])  # an optional pass that is off keeps its place
@@ -152,6 +152,9 @@ def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool,
         # fusion works on legalized TIR: elementwise and broadcast work (the optimizer's update,
         # batch norm arithmetic, ReLU6 masks) folds into the kernel that produces its input
         relax.transform.CanonicalizeBindings(),
+        # a reshape of a reshape is one, and one to the same shape none: the loss's rows of
+        # logits were a copy (the LM head's [batch * seq, vocab] to [batch, seq, vocab] and back)
+        relax.transform.RemoveRedundantReshape(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
@@ -159,6 +162,7 @@ def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool,
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(["train_step"]),
         UpdateInPlace() if update_in_place else NOTHING,
+        LossGradientInPlace(),
     ])(pruned)
 
 

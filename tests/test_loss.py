@@ -1,8 +1,10 @@
 """The fused cross-entropy (pipelines/transform/fuse_softmax_cross_entropy.py, its kernel and CPU
 schedule pipelines/kernels/softmax_nll.py): autodiff's loss pattern becomes one kernel call,
 which computes PyTorch's loss (rtol 1e-6) and gradient (rtol 1e-5, atol 1e-7), ignored labels
-included; a pattern with another reader is left as it was. And each task's loss
-(pipelines/training/loss.py) through a whole step, against PyTorch's."""
+included; a pattern with another reader is left as it was. Where nothing reads the logits
+after it, the kernel writes their gradient over them (transform/loss_gradient_in_place.py) and
+computes the same. And each task's loss (pipelines/training/loss.py) through a whole step,
+against PyTorch's."""
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from pipelines.backend.cpu_schedules import schedule_cpu_kernels
 from pipelines.tasks import IGNORE_INDEX
 from pipelines.ir import signature_of, tensor_type, with_signature
 from pipelines.kernels.softmax_nll import LOSS_KERNEL
-from pipelines.transform import FuseSoftmaxCrossEntropy
+from pipelines.transform import FuseSoftmaxCrossEntropy, LossGradientInPlace
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 
@@ -87,6 +89,57 @@ def test_a_pattern_with_another_reader_stays_as_it_was():
     mod = _autodiff_pattern(4, 10, "mean", extra_reader=True)
     fused, count = fuse_losses(mod)
     assert count == 0 and fused.same_as(mod)
+
+
+def _logits_made_in_the_step(rows: int, features: int, classes: int, logits_returned: bool):
+    """z = x @ w, its loss and autodiff's gradient pattern, and x's gradient dz @ w^T: the step
+    makes the logits, as a model's head does; with ``logits_returned``, z is an output too."""
+    x = relax.Var("x", tensor_type([rows, features], "float32"))
+    w = relax.Var("w", tensor_type([features, classes], "float32"))
+    y = relax.Var("y", tensor_type([rows], "int64"))
+    g = relax.Var("g", tensor_type([], "float32"))
+    op = relax.op
+    bb = relax.BlockBuilder()
+    with bb.function("train_step", [x, w, y, g]):
+        with bb.dataflow():
+            z = bb.emit(op.matmul(x, w))
+            p = bb.emit(op.nn.log_softmax(z))
+            loss = bb.emit(op.nn.nll_loss(p, y, ignore_index=IGNORE_INDEX))
+            dp = bb.emit(op.grad.nll_loss_backward(g, p, y, ignore_index=IGNORE_INDEX))
+            e = bb.emit(op.exp(p))
+            dz = bb.emit(op.subtract(dp, op.multiply(op.sum(dp, axis=[-1], keepdims=True), e)))
+            dx = bb.emit(op.matmul(dz, op.permute_dims(w)))
+            out = bb.emit_output(relax.Tuple([loss, dx, z] if logits_returned else [loss, dx]))
+        bb.emit_func_output(out)
+    return relax.transform.Normalize()(bb.get())
+
+
+@pytest.mark.parametrize("logits_returned", [False, True])
+def test_the_logits_gradient_is_written_over_logits_nothing_reads_later(logits_returned):
+    rows, features, classes = 6, 5, 40
+    fused, count = fuse_losses(_logits_made_in_the_step(rows, features, classes,
+                                                        logits_returned))
+    assert count == 1
+    step = LossGradientInPlace()(relax.transform.LegalizeOps()(fused))
+    calls = [b.value.op.name for b in step["train_step"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call) and "softmax_nll_loss" in str(b.value.args[0])]
+    assert calls == ["relax.call_tir" if logits_returned else "relax.call_tir_inplace"]
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((rows, features)).astype("float32")
+    w = (rng.standard_normal((features, classes)) * 2).astype("float32")
+    labels = rng.integers(0, classes, rows)
+    labels[2] = IGNORE_INDEX
+    results = _build(step)(*(tvm.runtime.tensor(a) for a in (x, w, labels, np.array(
+        np.float32(1.0)))))
+
+    tx = torch.tensor(x, requires_grad=True)
+    want = torch.nn.functional.cross_entropy(tx @ torch.tensor(w), torch.tensor(labels),
+                                             ignore_index=IGNORE_INDEX)
+    want.backward()
+    np.testing.assert_allclose(results[0].numpy(), want.item(), rtol=1e-6)
+    np.testing.assert_allclose(results[1].numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
+    if logits_returned:  # the logits as they were: their gradient went to storage of its own
+        np.testing.assert_allclose(results[2].numpy(), x @ w, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("task,entry", [("causal_lm", "token_logits"),

@@ -93,30 +93,32 @@ def saved_for_backward(func: relax.Function, update_outputs: dict[int, str]) -> 
                and isinstance(b.var.ty, relax.TensorType))
 
 
-def in_place_results(func: relax.Function) -> set[relax.Var]:
+def in_place_results(func: relax.Function) -> dict[relax.Var, relax.Expr]:
     """Binding vars that are an input's own storage, written in place (``call_tir_inplace``,
-    transform/update_in_place.py): no new bytes."""
-    found, tuples = set(), {}
+    transform/update_in_place.py, loss_gradient_in_place.py) -> that input."""
+    found, tuples = {}, {}
     for b in block_of(func).bindings:
         value = b.value
         if isinstance(value, relax.Call) and getattr(value.op, "name", "") == \
                 "relax.call_tir_inplace":
+            args = list(value.args[1].fields)
             indices = [int(i) for i in value.attrs.inplace_indices]
             if isinstance(value.ty, relax.TupleType):
-                tuples[b.var] = indices
+                tuples[b.var] = [args[j] if j >= 0 else None for j in indices]
             elif indices[0] >= 0:
-                found.add(b.var)
+                found[b.var] = args[indices[0]]
         elif isinstance(value, relax.TupleGetItem) and value.tuple_value in tuples:
-            if tuples[value.tuple_value][value.index] >= 0:
-                found.add(b.var)
+            if tuples[value.tuple_value][value.index] is not None:
+                found[b.var] = tuples[value.tuple_value][value.index]
     return found
 
 
 def liveness(func: relax.Function, update_outputs: dict[int, str]) -> dict:
     """Bytes alive at the step's peak, walking its bindings in order: a binding's tensor lives
     from its definition to its last use (outputs to the end); one written in an input's storage
-    takes none. Broken down by class; the step's inputs are counted by the caller. This ignores
-    allocator fragmentation, which TVM's static planner (planned_storage_bytes) does not."""
+    takes none, or takes over that storage where the step made it. Broken down by class; the
+    step's inputs are counted by the caller. This ignores allocator fragmentation, which TVM's
+    static planner (planned_storage_bytes) does not."""
     block = block_of(func)
     kinds = classify(func, update_outputs)
     outputs = set(func.body.body.fields)
@@ -128,8 +130,10 @@ def liveness(func: relax.Function, update_outputs: dict[int, str]) -> dict:
     live: dict[relax.Var, tuple[str, int]] = {}
     peak, at_peak = -1, {}
     for i, b in enumerate(block.bindings):
-        if isinstance(b.var.ty, relax.TensorType) and b.var not in in_place:
+        source = in_place.get(b.var)
+        if isinstance(b.var.ty, relax.TensorType) and (source is None or source in live):
             kind = "outputs" if b.var in outputs else kinds[b.var]
+            live.pop(source, None)  # a step's own tensor written in place: its storage moves
             live[b.var] = (kind, nbytes(b.var))
         total = sum(size for _, size in live.values())
         if total > peak:

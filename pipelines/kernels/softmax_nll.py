@@ -74,7 +74,6 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
     gradient = te.compute(
         (rows, classes), lambda i, k: te.exp(z[i, k] - row_max[i]) * row_scale[i]
         - tirx.Select(k == label(i), label_scale[i], zero), name="logits_gradient")
-    # after the gradient: the schedule's one loop over the rows stands where the gradient's did
     row_loss = te.compute(
         (rows,), lambda i: tirx.Select(kept(i), row_max[i] + te.log(row_sum[i])
                                        - z[i, label(i)], zero), name="row_loss")
@@ -83,21 +82,46 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
     loss = (te.compute((), lambda: total[()] / count[()], name="loss") if reduction == "mean"
             else total)
     func = te.create_prim_func([z, y, g, gradient, loss]).without_attr("global_symbol")
+    # Each row's loss (it reads the row's labelled logit) just before its gradient, which may
+    # be written over the logits (transform/loss_gradient_in_place.py); create_prim_func puts
+    # it after: it orders the blocks by a walk from each output in turn.
+    func = _moved_before(func, "row_loss", "logits_gradient")
     return func.with_attrs({LOSS_KERNEL: reduction, IGNORE_ATTR: ignore_index,
                             "op_pattern": OPAQUE})
+
+
+def _moved_before(func: tirx.PrimFunc, name: str, before: str) -> tirx.PrimFunc:
+    """``func`` with the loop nest of block ``name`` just before that of block ``before``
+    (both directly under the root block, and ``name`` reading nothing ``before`` writes)."""
+    root = func.body.block
+    nests = list(root.body)
+
+    def block_name(nest):  # the block under a nest of loops
+        while isinstance(nest, tirx.For):
+            nest = nest.body
+        return nest.block.name_hint
+
+    moved = next(n for n in nests if block_name(n) == name)
+    nests.remove(moved)
+    nests.insert(next(i for i, n in enumerate(nests) if block_name(n) == before), moved)
+    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
+                        tirx.SeqStmt(nests), root.init, root.alloc_buffers, root.match_buffers,
+                        root.annotations)
+    realize = func.body
+    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, root))
 
 
 def schedule_softmax_nll_loss(sch: s_tir.Schedule, vector: int) -> None:
     """Rows in parallel: each row's max, sum of exponentials and gradient computed one after
     the other while the row is in cache (one loop over the rows: merge), the lanes' partial
-    results and the gradient ``vector`` lanes at a time. The loss, a few values per row, is
-    summed after that loop."""
+    results and the gradient ``vector`` lanes at a time. The rows' losses are summed after that
+    loop."""
     blocks = [sch.get_sblock(name) for name in
               ("lane_max", "row_max", "lane_sum", "row_sum", "row_scale", "label_scale",
-               "logits_gradient")]
+               "row_loss", "logits_gradient")]
     # merged where the last of them stood, the gradient: after what they read (the scale),
-    # before what reads them (the loss). parallel comes first: it checks that the blocks under
-    # the loop are whole reductions.
+    # before what reads them (the total). parallel comes first: it checks that the blocks
+    # under the loop are whole reductions.
     sch.parallel(sch.merge(*(sch.get_loops(block)[0] for block in blocks)))
     for name in ("lane_max", "lane_sum"):
         block = sch.get_sblock(name)

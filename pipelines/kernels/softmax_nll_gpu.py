@@ -24,14 +24,17 @@ def is_softmax_nll_loss(func: tirx.PrimFunc) -> bool:
 
 
 def softmax_nll_loss_gpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """The GPU kernel for ``func`` (see ``is_softmax_nll_loss``): the same parameters."""
+    """The GPU kernel for ``func`` (see ``is_softmax_nll_loss``): the same parameters (four
+    where the gradient is written over the logits)."""
     rows, classes = (int(d) for d in func.params[0].shape)
     return softmax_nll_loss_kernel(rows, classes, str(func.attrs[LOSS_KERNEL]),
-                                   int(func.attrs[IGNORE_ATTR]))
+                                   int(func.attrs[IGNORE_ATTR]), len(func.params) == 4)
 
 
-def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
-                            ignore_index: int) -> tirx.PrimFunc:
+def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str, ignore_index: int,
+                            in_place: bool = False) -> tirx.PrimFunc:
+    """The kernel; ``in_place``: without the gradient parameter, the gradient stored over the
+    logits (transform/loss_gradient_in_place.py)."""
     mean = reduction == "mean"
     strides = (classes + THREADS - 1) // THREADS
     row_strides = (rows + THREADS - 1) // THREADS
@@ -50,12 +53,8 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
             stat[into] = acc[0]
         T.tvm_storage_sync("shared")
 
-    @T.prim_func(private=True, s_tir=True)
-    def softmax_nll_loss(z: T.Buffer((rows, classes), "float32"),
-                         y: T.Buffer((rows,), "int64"), g: T.Buffer((), "float32"),
-                         grad: T.Buffer((rows, classes), "float32"),
-                         loss: T.Buffer((), "float32")):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+    @T.macro
+    def loss_and_gradient(z, y, g, grad, loss):
         row_loss = T.decl_buffer((rows,), "float32")
         for i in T.thread_binding(rows, thread="blockIdx.x"):
             for t in T.thread_binding(THREADS, thread="threadIdx.x"):
@@ -82,20 +81,23 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
                     if s * THREADS + t < classes:
                         acc[0] = acc[0] + T.exp(z[i, s * THREADS + t] - stat[0])
                 combined(part, acc, stat, t, 1, True)
-                # its gradient: (softmax - onehot(label)) * scale, 0 for a row that does not score
                 kept: T.let[T.bool] = (y[i] != ignore_index and y[i] >= 0 and y[i] < classes)
                 scale: T.let[T.float32] = T.if_then_else(mean, g[()] / stat[2], g[()])
+                # the row's loss reads its labelled logit before any thread writes the row's
+                # gradient, which may be stored over the logits
+                if t == 0:
+                    row_loss[i] = T.if_then_else(
+                        kept, stat[0] + T.log(stat[1])
+                        - z[i, T.Cast("int32", T.if_then_else(kept, y[i], T.int64(0)))],
+                        T.float32(0))
+                T.tvm_storage_sync("shared")
+                # its gradient: (softmax - onehot(label)) * scale, 0 for a row that does not score
                 for s in T.serial(strides):
                     if s * THREADS + t < classes:
                         grad[i, s * THREADS + t] = T.if_then_else(
                             kept, T.exp(z[i, s * THREADS + t] - stat[0]) * (scale / stat[1])
                             - T.if_then_else(T.Cast("int64", s * THREADS + t) == y[i], scale,
                                              T.float32(0)), T.float32(0))
-                if t == 0:
-                    row_loss[i] = T.if_then_else(
-                        kept, stat[0] + T.log(stat[1])
-                        - z[i, T.Cast("int32", T.if_then_else(kept, y[i], T.int64(0)))],
-                        T.float32(0))
         for b in T.thread_binding(1, thread="blockIdx.x"):
             for t in T.thread_binding(1, thread="threadIdx.x"):
                 total = T.decl_buffer((2,), "float32", scope="local")  # loss sum, kept rows
@@ -107,4 +109,20 @@ def softmax_nll_loss_kernel(rows: int, classes: int, reduction: str,
                         total[1] = total[1] + T.float32(1)
                 loss[()] = T.if_then_else(mean, total[0] / total[1], total[0])
 
-    return softmax_nll_loss
+    @T.prim_func(private=True, s_tir=True)
+    def softmax_nll_loss(z: T.Buffer((rows, classes), "float32"),
+                         y: T.Buffer((rows,), "int64"), g: T.Buffer((), "float32"),
+                         grad: T.Buffer((rows, classes), "float32"),
+                         loss: T.Buffer((), "float32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        loss_and_gradient(z, y, g, grad, loss)
+
+    @T.prim_func(private=True, s_tir=True)
+    def softmax_nll_loss_inplace(z: T.Buffer((rows, classes), "float32"),
+                                 y: T.Buffer((rows,), "int64"), g: T.Buffer((), "float32"),
+                                 loss: T.Buffer((), "float32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        grad = T.decl_buffer((rows, classes), "float32", data=z.data)
+        loss_and_gradient(z, y, g, grad, loss)
+
+    return softmax_nll_loss_inplace if in_place else softmax_nll_loss

@@ -9,6 +9,7 @@ from pipelines.transform.freeze_statistics import FreezeStatistics
 from pipelines.transform.frozen_norms_elementwise import FrozenNormsElementwise
 from pipelines.transform.fuse_softmax_cross_entropy import FuseSoftmaxCrossEntropy
 from pipelines.transform.isolate_gemms import IsolateGemms
+from pipelines.transform.loss_gradient_in_place import LossGradientInPlace
 from pipelines.transform.max_pool_grad_in_bounds import MaxPoolGradInBounds
 from pipelines.transform.non_finite_fills import NonFiniteFills
 from pipelines.transform.plain_powers import PlainPowers
@@ -21,6 +22,6 @@ from pipelines.transform.update_in_place import UpdateInPlace
 
 __all__ = ["BoolOpsAsInts", "EmptyConstantsAsZeros", "FlattenTakeIndices", "FoldConstantReshapes",
            "FreezeStatistics", "FrozenNormsElementwise", "FuseSoftmaxCrossEntropy", "IsolateGemms",
-           "MaxPoolGradInBounds", "NonFiniteFills", "PlainPowers", "PruneFrozenUpdates",
-           "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates", "SplitAsSlices",
-           "UpdateInPlace"]
+           "LossGradientInPlace", "MaxPoolGradInBounds", "NonFiniteFills", "PlainPowers",
+           "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates",
+           "SplitAsSlices", "UpdateInPlace"]

@@ -149,7 +149,7 @@ def _reshapes(kernel: tirx.PrimFunc) -> bool:
     return relax.analysis.has_reshape_pattern(sch.mod["main"])
 
 
-def _views(mod: tvm.IRModule, block) -> dict:
+def storage_views(mod: tvm.IRModule, block) -> dict:
     """Binding var -> the variables whose storage it may share: the build turns a kernel that
     only reshapes (an ``expand_dims`` of a layer scale) into a view of its input
     (RewriteDataflowReshape), so what reads the view reads the state after it was updated."""
@@ -230,7 +230,7 @@ def _in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
     # storage for them unless it is their last reader already.
     kinds = classify(func, update_owners(signature))
     position = {b.var: i for i, b in enumerate(block.bindings)}
-    views = _views(mod, block)  # a view's reader reads what it views
+    views = storage_views(mod, block)  # a view's reader reads what it views
     used = {b.var: [*(read := uses(b.value)), *(s for v in read for s in views.get(v, ()))]
             for b in block.bindings}
     read_by = _readers(block, used)
