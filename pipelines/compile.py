@@ -41,8 +41,8 @@ from pipelines.training.graph import build_train_step, unreached_parameters
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import lr_scales, select
-from pipelines.transform import (BoolOpsAsInts, FlattenTakeIndices, FoldConstantReshapes,
-                                 FreezeStatistics, FrozenNormsElementwise,
+from pipelines.transform import (BoolOpsAsInts, CollapseReshapes, FlattenTakeIndices,
+                                 FoldConstantReshapes, FreezeStatistics, FrozenNormsElementwise,
                                  FuseSoftmaxCrossEntropy, IsolateGemms, LossGradientInPlace,
                                  MaxPoolGradInBounds, NonFiniteFills, PlainPowers,
                                  PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
@@ -151,10 +151,8 @@ def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool,
         MaxPoolGradInBounds(),  # TVM's legalization of it reads out of bounds
         # fusion works on legalized TIR: elementwise and broadcast work (the optimizer's update,
         # batch norm arithmetic, ReLU6 masks) folds into the kernel that produces its input
+        CollapseReshapes(),  # the LM head's rows reshaped and back were a copy of the logits
         relax.transform.CanonicalizeBindings(),
-        # a reshape of a reshape is one, and one to the same shape none: the loss's rows of
-        # logits were a copy (the LM head's [batch * seq, vocab] to [batch, seq, vocab] and back)
-        relax.transform.RemoveRedundantReshape(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipelines.runtime.sampled_peak import resident_bytes
+
 
 def _status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def resident_bytes() -> int:
-    """The process's resident memory now."""
-    return _status_kib("VmRSS") * 1024
 
 
 def release_freed() -> None:
@@ -50,8 +47,7 @@ class PeakRSS:
 
     def __enter__(self):
         Path("/proc/self/clear_refs").write_text("5")
-        self.baseline_kib = (_status_kib("VmRSS") if self.since is None
-                             else self.since // 1024)
+        self.baseline_kib = (resident_bytes() if self.since is None else self.since) // 1024
         return self
 
     def __exit__(self, *exc):

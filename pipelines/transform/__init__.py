@@ -2,6 +2,7 @@
 them in order. Each docstring opens with the rewrite it does and shows the IR before and after.
 """
 from pipelines.transform.bool_ops_as_ints import BoolOpsAsInts
+from pipelines.transform.collapse_reshapes import CollapseReshapes
 from pipelines.transform.empty_constants import EmptyConstantsAsZeros
 from pipelines.transform.fold_constant_reshapes import FoldConstantReshapes
 from pipelines.transform.flatten_take_indices import FlattenTakeIndices
@@ -20,8 +21,8 @@ from pipelines.transform.slice_channels import SliceChannelUpdates
 from pipelines.transform.split_as_slices import SplitAsSlices
 from pipelines.transform.update_in_place import UpdateInPlace
 
-__all__ = ["BoolOpsAsInts", "EmptyConstantsAsZeros", "FlattenTakeIndices", "FoldConstantReshapes",
-           "FreezeStatistics", "FrozenNormsElementwise", "FuseSoftmaxCrossEntropy", "IsolateGemms",
-           "LossGradientInPlace", "MaxPoolGradInBounds", "NonFiniteFills", "PlainPowers",
-           "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates",
-           "SplitAsSlices", "UpdateInPlace"]
+__all__ = ["BoolOpsAsInts", "CollapseReshapes", "EmptyConstantsAsZeros", "FlattenTakeIndices",
+           "FoldConstantReshapes", "FreezeStatistics", "FrozenNormsElementwise",
+           "FuseSoftmaxCrossEntropy", "IsolateGemms", "LossGradientInPlace", "MaxPoolGradInBounds",
+           "NonFiniteFills", "PlainPowers", "PruneFrozenUpdates", "RecomputeActivations",
+           "ReorderUpdates", "SliceChannelUpdates", "SplitAsSlices", "UpdateInPlace"]

@@ -31,12 +31,12 @@ LOGITS, GRADIENT = 0, 3  # the fused kernel's parameters: logits, labels, adjoin
 
 
 def _dies_at(var: relax.Var, position: int, bindings, views: dict, returned: set) -> bool:
-    """Whether ``var``'s storage is made in the step and nothing reads it, or a view of it,
-    after binding ``position``."""
+    """Whether ``var``'s storage is a kernel's output in the step and nothing reads it, or a
+    view of it, after binding ``position``."""
     roots = views.get(var, {var})
-    made = {b.var for b in bindings}
+    made = {b.var for b in bindings if isinstance(b.value, relax.Call)}
     if not roots <= made:
-        return False  # a parameter's storage: the caller's tensor
+        return False  # a parameter (the caller's tensor), or a tuple's field read elsewhere too
     sharing = roots | {v for v, r in views.items() if r & roots}
     return not (sharing & returned) and not any(
         sharing & set(uses(b.value)) for b in bindings[position + 1:])
