@@ -149,9 +149,9 @@ def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool,
         PlainPowers(),
         FrozenNormsElementwise(),  # a frozen batch norm fuses into its convolution's kernel
         MaxPoolGradInBounds(),  # TVM's legalization of it reads out of bounds
+        CollapseReshapes(),  # the LM head's rows reshaped and back were a copy of the logits
         # fusion works on legalized TIR: elementwise and broadcast work (the optimizer's update,
         # batch norm arithmetic, ReLU6 masks) folds into the kernel that produces its input
-        CollapseReshapes(),  # the LM head's rows reshaped and back were a copy of the logits
         relax.transform.CanonicalizeBindings(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),

@@ -23,7 +23,8 @@ from pipelines.config import Optimizer
 from pipelines.frontends.torch_program import translate
 from pipelines.ir import signature_of, without_signature
 from pipelines.phases import Lowered
-from pipelines.transform import (BoolOpsAsInts, EmptyConstantsAsZeros, FlattenTakeIndices,
+from pipelines.transform import (BoolOpsAsInts, CollapseReshapes, EmptyConstantsAsZeros,
+                                 FlattenTakeIndices,
                                  FoldConstantReshapes, FreezeStatistics, FrozenNormsElementwise,
                                  MaxPoolGradInBounds, NonFiniteFills, PlainPowers,
                                  PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
@@ -297,6 +298,39 @@ def test_reshapes_of_constants_fold_as_fold_constant_folds_them():
     assert tvm_ffi.structural_equal(fold(after), fold(before))
     args, want = run(before, "main")
     np.testing.assert_array_equal(run(after, "main", args)[1], want)
+
+
+def _reshaped(*shapes, inner_read_again=False):
+    """``train_step(x)``: x [6, 4] reshaped to each of ``shapes`` in turn; with
+    ``inner_read_again`` the first reshape is also an output."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([6, 4], "float32"))
+    with bb.function("train_step", [x]):
+        with bb.dataflow():
+            values = [x]
+            for shape in shapes:
+                values.append(bb.emit(relax.op.reshape(values[-1], shape)))
+            out = bb.emit_output(relax.Tuple([values[-1], values[1]]) if inner_read_again
+                                 else values[-1])
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("shapes, left", [([[2, 3, 4], [6, 4]], {}),
+                                          ([[2, 12], [3, 8]], {"relax.reshape": 1}),
+                                          ([[24], [2, 12], [4, 6]], {"relax.reshape": 1})])
+def test_collapse_reshapes_leaves_one_reshape_or_none_with_the_same_values(shapes, left):
+    before = _reshaped(*shapes)
+    after = CollapseReshapes()(before)
+    assert count_ops(after["train_step"]) == left
+    args, want = run(before)
+    np.testing.assert_array_equal(run(after, args=args)[1][0], want[0])
+
+
+def test_collapse_reshapes_keeps_a_pair_whose_inner_reshape_is_read_again():
+    """Collapsing it would move the outer reshape's readers to another tensor (docstring)."""
+    before = _reshaped([2, 3, 4], [6, 4], inner_read_again=True)
+    assert CollapseReshapes()(before).same_as(before)
 
 
 def _reads_past_own_buffers(mod: tvm.IRModule) -> list[str]:
