@@ -3,12 +3,11 @@ own shape -> x.
 
 IsolateGemms gives the LM head's product as ``[batch * seq, vocab]`` reshaped to the model's
 ``[batch, seq, vocab]``, which the loss reshapes back to rows; fused, the pair is a kernel that
-copies the logits (and another their gradient): 96 MiB each for SmolLM's. Relax's
-RemoveRedundantReshape collapses every such pair, also where the inner reshape has other readers
-(attention's masked probabilities, which the backward pass reads in both shapes): that made the
-backward pass read the forward's probabilities instead of their recomputed copy, and SmolLM's
-full-BP plan grew by 670 MiB. Here a pair collapses only where the inner reshape is read by the
-outer one alone, so no reader moves to another tensor.
+copies the logits (and another their gradient). Relax's RemoveRedundantReshape collapses every
+such pair, also where the inner reshape has other readers (attention's masked probabilities,
+read in both shapes): the backward pass then reads the forward's probabilities instead of their
+recomputed copy and keeps them (docs/llm.md has the figures). Here a pair collapses only where
+the inner reshape is read by the outer one alone, so no reader moves to another tensor.
 
 Before::
 
