@@ -3,10 +3,10 @@ nothing reads the logits after it.
 
 The fused softmax cross-entropy (kernels/softmax_nll.py) reads the logits and writes their
 gradient, each rows x classes floats (a language model's vocabulary wide), both alive at the
-kernel, at the start of the backward pass, where a sparse step's memory peaks. The kernel reads each logit only before or where it writes that logit's gradient, so
-where nothing reads the logits (or a view of their storage) after the call, its call becomes
-``call_tir_inplace``: the gradient takes the logits' storage, as update_in_place.py does for
-the state.
+kernel, at the start of the backward pass, where a sparse step's memory peaks. The kernel reads
+each logit only before or where it writes that logit's gradient, so where nothing reads the
+logits (or a view of their storage) after the call, its call becomes ``call_tir_inplace``: the
+gradient takes the logits' storage, as update_in_place.py does for the state.
 
 Before::
 
