@@ -99,6 +99,32 @@ def test_the_first_matching_rule_decides():
     assert verdicts(diff, [*RULES, loose])["speed.speedup_vs_torch_eager_full"] == "regressed"
 
 
+def test_the_projects_rules_gate_agreement_tightly_and_not_the_starting_score(params):
+    # The lane's mbv2 on an AVX-512 machine (the baseline) and on an AVX2 one: the pre-trained
+    # backbone is rounded differently, so the scores move, and the two sides agree on both.
+    lane = {"finetune": {"accuracy_before": 0.1487, "accuracy_compiled": 0.4349,
+                         "accuracy_pytorch": 0.4349, "accuracy_difference": 0.0,
+                         "final_loss_relative_difference": 5e-9}}
+
+    def diff(**finetune):
+        new = lane["finetune"] | finetune
+        return {METRICS: {f"finetune.{k}": {"old": v, "new": new[k]}
+                          for k, v in lane["finetune"].items()}}
+
+    rules = params.regress.rules
+    other_machine = diff(accuracy_before=0.0149, accuracy_compiled=0.4164,
+                         accuracy_pytorch=0.4164, final_loss_relative_difference=2e-8)
+    assert set(verdicts(other_machine, rules).values()) == {"ok"}
+    assert "finetune.accuracy_before" not in verdicts(other_machine, rules)
+    # the compiled step parting from PyTorch: two held-out examples of 200, or 0.1% in loss
+    assert verdicts(diff(accuracy_compiled=0.4249, accuracy_difference=0.01 + 1e-9), rules)[
+        "finetune.accuracy_difference"] == "regressed"
+    assert verdicts(diff(final_loss_relative_difference=1e-3), rules)[
+        "finetune.final_loss_relative_difference"] == "regressed"
+    assert verdicts(diff(accuracy_compiled=0.30, accuracy_pytorch=0.30), rules)[
+        "finetune.accuracy_compiled"] == "regressed"
+
+
 @pytest.fixture
 def gate_with(monkeypatch, params):
     """`pock regress` with ``rules`` as regress.rules (baseline HEAD) and DVC's diff giving
