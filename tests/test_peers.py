@@ -12,6 +12,7 @@ from pipelines.peers import why_not
 
 ORT = ["ort_training_full", "ort_training_frozen"]
 TF = ["tensorflow_full", "tensorflow_frozen"]
+TFLITE = ["tflite_full", "tflite_frozen"]
 ET = ["executorch_full", "executorch_frozen"]
 # Found, not imported: TensorFlow's import loads Keras on its TensorFlow backend for good, and
 # the Keras frontend's tests in the same worker need it on JAX. The peers import them in their
@@ -50,6 +51,9 @@ def test_tensorflow_says_what_it_cannot_do(small):
     assert why_not("tensorflow_full", signature, small.models["mbv2"]) is None
     adam = {**signature, "optimizer": {"torch_class": "AdamW"}}
     assert "not AdamW" in why_not("tensorflow_frozen", adam, small.models["mbv2"])
+    for peer in TFLITE:  # the same model, converted
+        assert "MobileNetV2" in why_not(peer, signature, small.models["minilm"])
+        assert why_not(peer, signature, small.models["mbv2"]) is None
 
 
 def test_executorch_says_what_it_cannot_do():
@@ -73,7 +77,7 @@ def test_executorch_says_what_it_cannot_do():
 # times ort_training_frozen beside every mbv2 case (conf/experiment/ci_lane.yaml).
 @pytest.mark.slow
 @pytest.mark.parametrize("case, model, optimizer, peers", [
-    ("mbv2", "mbv2", "sgd", [*TF, "executorch_frozen"]),
+    ("mbv2", "mbv2", "sgd", [*TF, *TFLITE, "executorch_frozen"]),
     ("minilm_lora", "minilm", "adamw", ORT),
     ("llama_paper", "llama_tiny", "sgd", [*ORT, "executorch_full"])])
 def test_peers_agree_with_pytorch_and_are_timed(small, build_case, tmp_path_factory, case,

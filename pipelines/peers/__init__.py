@@ -32,8 +32,8 @@ from pipelines.registry import entries
 
 PEERS = entries(__name__, ("torch_eager_full", "torch_eager_frozen", "torch_compile_full",
                              "peft_lora", "ort_training_full", "ort_training_frozen",
-                             "tensorflow_full", "tensorflow_frozen", "executorch_full",
-                             "executorch_frozen"))
+                             "tensorflow_full", "tensorflow_frozen", "tflite_full",
+                             "tflite_frozen", "executorch_full", "executorch_frozen"))
 
 
 def why_not(peer: str, signature: dict, model) -> str | None:

@@ -5,10 +5,11 @@ as TensorFlow runs convolutions on the CPU, holding the twin's values, trained b
 torch.optim.SGD's update (L2 weight decay, momentum with dampening 0, Nesterov) written in
 TensorFlow, so that its losses are PyTorch's doing the same step.
 
-The model is translated module by module from the twin (``_Translation``): convolutions
+The model is translated module by module from the twin (``Translation``): convolutions
 (dense and depthwise), batch norms (batch statistics and running statistics updated as
 PyTorch's; held ones normalise with their running statistics), ReLU6, linear layers and the
-inverted residual blocks. Other models are not translated: the peer says so.
+inverted residual blocks. Other models are not translated: the peer says so. The TFLite peers
+(tflite_training.py) trace the same step with their own convolutions and ReLU6.
 """
 from __future__ import annotations
 
@@ -31,14 +32,28 @@ def cannot_time(signature: dict, model) -> str | None:
     return None
 
 
-class _Translation:
-    """The twin's modules as TensorFlow functions of channels-last tensors, with a variable
-    per parameter and running statistic (by the twin's names)."""
+class NativeOps:
+    """The operators whose gradients TensorFlow's own kernels compute."""
 
-    def __init__(self, twin, trained: list[str]):
+    def __init__(self):
+        import tensorflow as tf
+
+        self.relu6 = tf.nn.relu6
+        self.conv2d = lambda x, kernel, stride: tf.nn.conv2d(x, kernel, stride, "VALID")
+        self.depthwise_conv2d = lambda x, kernel, stride: tf.nn.depthwise_conv2d(
+            x, kernel, [1, stride, stride, 1], "VALID")
+
+
+class Translation:
+    """The twin's modules as TensorFlow functions of channels-last tensors, with a variable
+    per parameter and running statistic (by the twin's names); ``ops``: the convolutions and
+    ReLU6 (NativeOps, or the TFLite peers' with gradients in TFLite's builtin operators)."""
+
+    def __init__(self, twin, trained: list[str], ops=None):
         import tensorflow as tf
 
         self.tf = tf
+        self.ops = ops or NativeOps()
         self.trained = set(trained)
         self.variables: dict[str, object] = {}
         self.forward = self._module(twin, "")
@@ -76,7 +91,7 @@ class _Translation:
         if isinstance(module, nn.BatchNorm2d):
             return self._batch_norm(module, name)
         if isinstance(module, nn.ReLU6):
-            return tf.nn.relu6
+            return self.ops.relu6
         if isinstance(module, nn.Dropout) and module.p == 0:
             return lambda x: x
         if isinstance(module, nn.Linear):
@@ -101,12 +116,12 @@ class _Translation:
                                 else weight.transpose(2, 3, 1, 0))
         pads = [[0, 0], [pad, pad], [pad, pad], [0, 0]]
 
+        convolve = self.ops.depthwise_conv2d if depthwise else self.ops.conv2d
+
         def run(x):
             if pad:  # PyTorch pads both sides alike; TensorFlow's "SAME" not at stride 2
                 x = tf.pad(x, pads)
-            if depthwise:
-                return tf.nn.depthwise_conv2d(x, kernel, [1, stride, stride, 1], "VALID")
-            return tf.nn.conv2d(x, kernel, stride, "VALID")
+            return convolve(x, kernel, stride)
         return run
 
     def _batch_norm(self, norm, name: str):
@@ -133,43 +148,67 @@ class _Translation:
 def tf_step(spec, signature, batch, frozen: bool):
     """One TensorFlow training step as a callable returning its loss: every parameter of
     the model trained, or with ``frozen`` the scheme's (whole tensors)."""
-    import numpy as np
     import tensorflow as tf
-
-    from pipelines.peers.pytorch import peer_twin
-    from pipelines.tasks import IGNORE_INDEX
 
     tf.config.threading.set_intra_op_parallelism_threads(spec.cores)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    twin, names = peer_twin(spec.model, spec.initial, signature, frozen)
-    model = _Translation(twin.train(), names)
-    trained = [model.variables[name] for name in names]
-    buffers = [tf.Variable(tf.zeros_like(v), trainable=False) for v in trained]
-    optimizer = spec.optimizer
-    lr, momentum, decay = optimizer.lr, optimizer.momentum, optimizer.weight_decay
-    x, labels = batch
-    x = tf.constant(np.ascontiguousarray(x.transpose(0, 2, 3, 1)))  # channels last
-    labels = tf.constant(labels.astype(np.int64))
+    train = TrainStep(spec, signature, frozen, NativeOps())
+    x, labels = (tf.constant(a) for a in channels_last(batch))
 
     # autograph off: the step has no tensor-dependent Python control flow to convert, and
     # converting writes a source file per function into /tmp, left there
     @tf.function(autograph=False)
     def step():
+        return train(x, labels, lambda logits, labels:
+                     tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+    return lambda: float(step())
+
+
+def channels_last(batch) -> tuple:
+    """The step's batch (images NCHW, labels) as TensorFlow takes it: NHWC, int64 labels."""
+    import numpy as np
+
+    x, labels = batch
+    return np.ascontiguousarray(x.transpose(0, 2, 3, 1)), labels.astype(np.int64)
+
+
+class TrainStep:
+    """One training step in TensorFlow ops, to trace: the twin's forward (``ops``' convolutions
+    and ReLU6), the loss, ``tf.GradientTape``'s gradients of the trained variables only, and
+    torch.optim.SGD's update of them (L2 weight decay, momentum with dampening 0, Nesterov)."""
+
+    def __init__(self, spec, signature, frozen: bool, ops):
+        import tensorflow as tf
+
+        from pipelines.peers.pytorch import peer_twin
+
+        self.tf = tf
+        twin, names = peer_twin(spec.model, spec.initial, signature, frozen)
+        self.model = Translation(twin.train(), names, ops)
+        self.trained = [self.model.variables[name] for name in names]
+        self.buffers = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.trained]
+        self.optimizer = spec.optimizer
+
+    def __call__(self, x, labels, cross_entropy):
+        """The step's loss; ``cross_entropy(logits, labels)``: each example's."""
+        from pipelines.tasks import IGNORE_INDEX
+
+        tf, optimizer = self.tf, self.optimizer
+        lr, momentum, decay = optimizer.lr, optimizer.momentum, optimizer.weight_decay
         with tf.GradientTape() as tape:
-            logits = model.forward(x)
+            logits = self.model.forward(x)
             kept = tf.not_equal(labels, IGNORE_INDEX)
-            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-                tf.where(kept, labels, 0), logits)
-            loss = tf.reduce_sum(tf.where(kept, losses, 0.0)) / tf.reduce_sum(
+            losses = cross_entropy(logits, tf.where(kept, labels, tf.zeros_like(labels)))
+            loss = tf.reduce_sum(tf.where(kept, losses, tf.zeros_like(losses))) / tf.reduce_sum(
                 tf.cast(kept, losses.dtype))
-        for weight, grad, buffer in zip(trained, tape.gradient(loss, trained), buffers):
+        for weight, grad, buffer in zip(self.trained, tape.gradient(loss, self.trained),
+                                        self.buffers):
             grad = grad + decay * weight if decay else grad
             if momentum:
                 buffer.assign(momentum * buffer + grad)
                 grad = grad + momentum * buffer if optimizer.nesterov else buffer
             weight.assign_sub(lr * grad)
         return loss
-    return lambda: float(step())
 
 
 def first_losses(spec, signature, batch, steps: int, frozen: bool) -> tuple[list, list]:
