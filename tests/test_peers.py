@@ -74,19 +74,60 @@ def test_executorch_says_what_it_cannot_do():
 
 # ExecuTorch on mbv2 (the paper's scheme: every batch norm holds its statistics) and on a causal
 # LM, its frozen and its full peer. ONNX Runtime on the transformers: the CI lane checks and
-# times ort_training_frozen beside every mbv2 case (conf/experiment/ci_lane.yaml).
+# times ort_training_frozen beside every mbv2 case (conf/experiment/ci_lane.yaml). TFLite is
+# checked, its full BP (batch norms training, every gradient written in builtins) and the
+# scheme, and not timed: its conversion takes most of a minute, and the timing is the same
+# harness as TensorFlow's.
 @pytest.mark.slow
-@pytest.mark.parametrize("case, model, optimizer, peers", [
-    ("mbv2", "mbv2", "sgd", [*TF, *TFLITE, "executorch_frozen"]),
-    ("minilm_lora", "minilm", "adamw", ORT),
-    ("llama_paper", "llama_tiny", "sgd", [*ORT, "executorch_full"])])
+@pytest.mark.parametrize("case, model, optimizer, checked, timed", [
+    ("mbv2", "mbv2", "sgd", [*TF, *TFLITE, "executorch_frozen"], [*TF, "executorch_frozen"]),
+    ("minilm_lora", "minilm", "adamw", ORT, ORT),
+    ("llama_paper", "llama_tiny", "sgd", [*ORT, "executorch_full"], [*ORT, "executorch_full"])])
 def test_peers_agree_with_pytorch_and_are_timed(small, build_case, tmp_path_factory, case,
-                                                model, optimizer, peers):
+                                                model, optimizer, checked, timed):
     spec = spec_of(small, build_case, tmp_path_factory, case, model, optimizer)
-    losses, failed = check_peers(spec, peers)
+    losses, failed = check_peers(spec, checked)
     assert failed == {}
-    for peer in peers:
+    for peer in checked:
         assert len(losses[peer]["peer"]) == 2
-    results = time_interleaved(spec, ["compiled", *peers])
-    for peer in peers:
+    results = time_interleaved(spec, ["compiled", *timed])
+    for peer in timed:
         assert results[peer]["steps"] == 2 and results[peer]["median_ms"] > 0
+
+
+def builtin_gradients_against_tensorflows(_) -> dict:
+    """Per convolution shape, the largest difference between the TFLite peers' gradients
+    (tflite_training.BuiltinOps) and TensorFlow's own, relative to the gradient's largest."""
+    import numpy as np
+    import tensorflow as tf
+
+    from pipelines.peers.tflite_training import BuiltinOps
+    from pipelines.peers.tensorflow_step import NativeOps
+
+    rng = np.random.default_rng(0)
+    worst = {}
+    for depthwise, kernel, stride, size in [(False, 1, 1, 8), (False, 3, 2, 9), (False, 3, 2, 8),
+                                            (True, 3, 1, 8), (True, 3, 2, 9), (True, 3, 2, 8)]:
+        x = tf.constant(rng.standard_normal((2, size, size, 4)), tf.float32)
+        k = tf.constant(rng.standard_normal((kernel, kernel, 4, 1 if depthwise else 6)),
+                        tf.float32)
+        grads = []
+        for ops in (NativeOps(), BuiltinOps()):
+            convolve = ops.depthwise_conv2d if depthwise else ops.conv2d
+            with tf.GradientTape() as tape:
+                tape.watch([x, k])
+                y = ops.relu6(3 * convolve(x, k, stride))
+                loss = tf.reduce_sum(y * tf.cos(y))
+            grads.append(tape.gradient(loss, [x, k]))
+        worst[(depthwise, kernel, stride, size)] = max(
+            float(np.abs(theirs - ours).max() / np.abs(theirs).max())
+            for theirs, ours in zip(*grads))
+    return worst
+
+
+@pytest.mark.slow  # TensorFlow in a process of its own (above)
+def test_tflite_gradients_in_builtins_are_tensorflows():
+    from pipelines.evaluate.speed import in_fresh_process
+
+    worst = in_fresh_process(builtin_gradients_against_tensorflows, None)
+    assert len(worst) == 6 and max(worst.values()) < 1e-6, worst

@@ -25,6 +25,7 @@ import importlib.util
 from pipelines.peers.tensorflow_step import cannot_time as tensorflow_cannot_time
 
 IMPORTS = ("tensorflow", "ai_edge_litert.interpreter")
+JOB, MODEL = "job.pickle", "model.tflite"  # what ``converted`` hands its process, and gets back
 
 
 def cannot_time(signature: dict, model) -> str | None:
@@ -115,8 +116,6 @@ class BuiltinOps:
 def convert(spec, signature, frozen: bool, batch) -> bytes:
     """The TFLite model of the peer's step: one signature, ``train(x, labels) -> {loss}``,
     builtin operators only, the model's state as resource variables."""
-    import tempfile
-
     import tensorflow as tf
 
     from pipelines.peers.tensorflow_step import TrainStep, channels_last
@@ -130,7 +129,7 @@ def convert(spec, signature, frozen: bool, batch) -> bytes:
             # tracked, so the model holds them: the weights, statistics and momentum buffers
             self.state = [*self.step.model.variables.values(), *self.step.buffers]
 
-        # autograph off: nothing to convert, and converting writes files into /tmp
+        # autograph off: nothing to convert
         @tf.function(input_signature=[tf.TensorSpec(x.shape, tf.float32),
                                       tf.TensorSpec(labels.shape, tf.int64)], autograph=False)
         def train(self, x, labels):
@@ -140,19 +139,36 @@ def convert(spec, signature, frozen: bool, batch) -> bytes:
         return -tf.reduce_sum(tf.one_hot(labels, logits.shape[-1]) * tf.nn.log_softmax(logits),
                               axis=-1)
 
-    # Tracing and converting write autograph's wrappers as source files into the temporary
-    # directory, removed at exit, which a peer's forked process skips: they go in one of ours.
+    module = Module()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [module.train.get_concrete_function()], module)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    converter.experimental_enable_resource_variables = True
+    return converter.convert()
+
+
+def converted(spec, signature, frozen: bool, batch) -> bytes:
+    """``convert``'s model, made in a process of its own (this module run as a script), as a
+    phone's model is converted ahead of time: the converter's memory (TensorFlow's traced
+    graphs, MLIR) is not the training step's. Its temporary files (autograph writes its
+    wrappers as source files, removed at an exit a forked process skips) go in a directory
+    removed after it."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
     with tempfile.TemporaryDirectory(prefix="pock-tflite-") as scratch:
-        default, tempfile.tempdir = tempfile.tempdir, scratch
-        try:
-            module = Module()
-            converter = tf.lite.TFLiteConverter.from_concrete_functions(
-                [module.train.get_concrete_function()], module)
-            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-            converter.experimental_enable_resource_variables = True
-            return converter.convert()
-        finally:
-            tempfile.tempdir = default
+        job = Path(scratch)
+        (job / JOB).write_bytes(pickle.dumps((spec, signature, frozen, batch)))
+        done = subprocess.run([sys.executable, "-m", __name__, scratch], capture_output=True,
+                              text=True, env={**os.environ, "TMPDIR": scratch})
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+            raise RuntimeError(f"converting to TFLite: {lines[-1]}")
+        return (job / MODEL).read_bytes()
 
 
 def tflite_step(spec, signature, batch, frozen: bool):
@@ -162,7 +178,7 @@ def tflite_step(spec, signature, batch, frozen: bool):
 
     from pipelines.peers.tensorflow_step import channels_last
 
-    interpreter = Interpreter(model_content=convert(spec, signature, frozen, batch),
+    interpreter = Interpreter(model_content=converted(spec, signature, frozen, batch),
                               num_threads=spec.cores)
     train = interpreter.get_signature_runner()
     x, labels = channels_last(batch)
@@ -175,3 +191,12 @@ def first_losses(spec, signature, batch, steps: int, frozen: bool) -> tuple[list
 
     return losses_beside_pytorch(tflite_step(spec, signature, batch, frozen), spec, signature,
                                  batch, steps, frozen, spec.optimizer)
+
+
+if __name__ == "__main__":  # converted's process: python -m pipelines.peers.tflite_training DIR
+    import pickle
+    import sys
+    from pathlib import Path
+
+    job = Path(sys.argv[1])
+    (job / MODEL).write_bytes(convert(*pickle.loads((job / JOB).read_bytes())))
