@@ -24,7 +24,7 @@ import importlib.util
 
 from pipelines.peers.tensorflow_step import cannot_time as tensorflow_cannot_time
 
-IMPORTS = ("tensorflow", "ai_edge_litert.interpreter")
+IMPORTS = ("ai_edge_litert.interpreter",)  # TensorFlow converts, in a process of its own
 JOB, MODEL = "job.pickle", "model.tflite"  # what ``converted`` hands its process, and gets back
 
 
