@@ -76,7 +76,7 @@ def test_executorch_says_what_it_cannot_do():
 # LM, its frozen and its full peer. ONNX Runtime on the transformers: the CI lane checks and
 # times ort_training_frozen beside every mbv2 case (conf/experiment/ci_lane.yaml). TFLite is
 # checked, its full BP (batch norms training, every gradient written in builtins) and the
-# scheme, and not timed: its conversion takes most of a minute, and the timing is the same
+# scheme, and not timed: timing would convert each model again, and the timing is the same
 # harness as TensorFlow's.
 @pytest.mark.slow
 @pytest.mark.parametrize("case, model, optimizer, checked, timed", [
