@@ -22,7 +22,8 @@ wrong or missing update is off by about all of the change.
 Each step updates its state in place: no new storage for any weight or moment. The PyTorch peer
 that trains a case in a device's container (its program saved by torch.export, run by
 pipelines/runtime/peer_in_container.py: here on this machine) trains qwen_full's tied embedding
-as eager PyTorch does: three steps' losses within 1e-5.
+as eager PyTorch does, and PEFT LoRA (the same peer's script) trains qwen_lora's adapters as the
+host's PEFT peer does: three steps' losses within 1e-5.
 The real-size runs are `pock compose experiment=llm && dvc repro`, never in the tests.
 """
 import json
@@ -107,6 +108,28 @@ def test_each_llm_case_steps_like_pytorch_in_place(llm, build_case, case):
     assert [n for n in trained if not torch.equal(before[n], after[n])], "nothing updated"
 
 
+def _llm_batch(compiled):
+    rng = np.random.default_rng(0)
+    shape = compiled.signature["data_types"]["input_ids"]["shape"]
+    return (rng.integers(0, REDUCED["vocab_size"], shape).astype("int64"),
+            task_labels("causal_lm", shape, rng, REDUCED["vocab_size"]))
+
+
+def _run_container_script(tmp_path, plan: dict, batch: tuple) -> dict:
+    """peer_in_container.py's results for tmp_path/program.pt2 trained by ``plan`` on
+    ``batch``: the script alone in its directory, as in the container, on this machine."""
+    from pipelines.runtime.device_io import PEER_IN_CONTAINER, SAMPLED_PEAK, save_inputs
+
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    save_inputs(tmp_path / "inputs.npz", list(batch))
+    for script in (PEER_IN_CONTAINER, SAMPLED_PEAK):
+        shutil.copy(script, tmp_path / script.name)
+    subprocess.run([sys.executable, str(tmp_path / PEER_IN_CONTAINER.name)] + [
+        str(tmp_path / f) for f in ("program.pt2", "plan.json", "inputs.npz", "out.json")]
+        + ["0", str(STEPS)], check=True)
+    return json.loads((tmp_path / "out.json").read_text())
+
+
 def test_the_container_peer_trains_tied_embeddings_as_eager_pytorch(llm, build_case, tmp_path):
     """torch.export gives the tied input and output embeddings back as two parameters sharing
     storage, of which the program reads one: that one is trained, or the peer's full BP would
@@ -114,27 +137,47 @@ def test_the_container_peer_trains_tied_embeddings_as_eager_pytorch(llm, build_c
     from pipelines.config import case_optimizer
     from pipelines.evaluate.container_peers import export_peer
     from pipelines.models.pytorch import make_optimizer, train_step
-    from pipelines.runtime.device_io import PEER_IN_CONTAINER, SAMPLED_PEAK, save_inputs
 
     compiled = build_case(llm, "qwen_full")
     model = llm.models[llm.cases["qwen_full"].model]
     optimizer = case_optimizer(llm, llm.cases["qwen_full"])
-    rng = np.random.default_rng(0)
-    shape = compiled.signature["data_types"]["input_ids"]["shape"]
-    batch = (rng.integers(0, REDUCED["vocab_size"], shape).astype("int64"),
-             task_labels("causal_lm", shape, rng, REDUCED["vocab_size"]))
-    plan = export_peer(model, compiled.signature, compiled.initial, optimizer, batch, False,
-                       tmp_path / "program.pt2")
+    batch = _llm_batch(compiled)
+    plan = export_peer("torch_eager_full", model, compiled.signature, compiled.initial,
+                       optimizer, batch, tmp_path / "program.pt2")
     assert any(len(names) > 1 for group in plan["groups"] for names in group["params"])
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    save_inputs(tmp_path / "inputs.npz", list(batch))
-    for script in (PEER_IN_CONTAINER, SAMPLED_PEAK):  # alone, as in the container
-        shutil.copy(script, tmp_path / script.name)
-    subprocess.run([sys.executable, str(tmp_path / PEER_IN_CONTAINER.name)] + [
-        str(tmp_path / f) for f in ("program.pt2", "plan.json", "inputs.npz", "out.json")]
-        + ["0", str(STEPS)], check=True)
-    got = json.loads((tmp_path / "out.json").read_text())
+    got = _run_container_script(tmp_path, plan, batch)
     twin = twin_of(compiled, model)
     update = make_optimizer(twin, optimizer)
     here = [train_step(twin, update, *batch, task="causal_lm") for _ in range(STEPS)]
     assert got["losses"] == pytest.approx(here, rel=1e-5)
+
+
+def test_peft_lora_trains_in_the_container_as_the_hosts_peer(llm, build_case, tmp_path):
+    """PEFT LoRA exported for a device's container (board_8g's ``docker.peers``) trains what the
+    host's PEFT peer trains, as it does: three steps' losses within 1e-5 of it, the first the
+    compiled LoRA step's (both start from B = 0: the plain model's loss), and only the adapters
+    trained, as many elements as the compiled step's."""
+    from pipelines.config import case_optimizer
+    from pipelines.evaluate.container_peers import export_peer
+    from pipelines.models.pytorch import make_optimizer, train_step
+    from pipelines.peers.peft_lora import peft_model
+    from pipelines.runtime.step import CompiledStep
+
+    compiled = build_case(llm, "qwen_lora")
+    model = llm.models[llm.cases["qwen_lora"].model]
+    optimizer = case_optimizer(llm, llm.cases["qwen_lora"])
+    batch = _llm_batch(compiled)
+    plan = export_peer("peft_lora", model, compiled.signature, compiled.initial, optimizer, batch,
+                       tmp_path / "program.pt2")
+    got = _run_container_script(tmp_path, plan, batch)
+    peft, trainable = peft_model(model, compiled.signature, compiled.initial)
+    assert trainable and all(".lora_" in name for name in trainable)
+    update = make_optimizer(peft, optimizer, trainable)
+    here = [train_step(peft, update, *batch, task="causal_lm") for _ in range(STEPS)]
+    assert got["losses"] == pytest.approx(here, rel=1e-5)
+    step = CompiledStep(compiled.directory, compiled.initial)
+    loss = float(step.function(*step.arguments(*batch))[0].numpy())
+    assert got["losses"][0] == pytest.approx(loss, rel=1e-5)
+    assert got["trained"] == len(trainable)
+    assert got["trained_elements"] == sum(compiled.initial[p].size
+                                          for p in compiled.signature["trainable"])

@@ -1,10 +1,12 @@
 """PyTorch's peers in a device's container (a docker profile's ``docker.peers``): the case's
-PyTorch twin from the step's initial values, exported with its loss by torch.export, trained in
-the PyTorch image in the same core and memory limits as the compiled step (runners/docker.py),
-with the optimizer and trainable set the peer has on the host (pipelines/peers). On an 8 GiB
-board the question is whether PyTorch's step fits at all: its verdict (ok / out_of_memory) and
-its process's peak, measured as the compiled step's are. Its first loss is checked against the
-host build's on the same batch; its step times are this machine's cores, labelled container.
+PyTorch twin from the step's initial values (for PEFT LoRA, the plain twin with PEFT's
+adapters), exported with its loss by torch.export, trained in the PyTorch image in the same core
+and memory limits as the compiled step (runners/docker.py), with the optimizer and trainable set
+the peer has on the host (pipelines/peers). On an 8 GiB board the question is whether the step
+fits at all: its verdict (ok / out_of_memory) and its process's peak, measured as the compiled
+step's are. Its first loss is checked against the host build's on the same batch; its step
+times are this machine's cores, labelled container. A peer that cannot do the case (PEFT LoRA
+of a case without adapters) is recorded as not run, with the reason.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from pipelines.models.pytorch import lr_scales_of, make_optimizer, task_loss
 from pipelines.peers.pytorch import peer_twin
 from pipelines.runtime.agreement import RTOL
 
-FROZEN = {"torch_eager_full": False, "torch_eager_frozen": True}
+# the container's peers: whether each trains the scheme's model with its frozen layers frozen
+FROZEN = {"torch_eager_full": False, "torch_eager_frozen": True, "peft_lora": None}
 
 
 class _WithLoss(torch.nn.Module):
@@ -46,11 +49,23 @@ def optimizer_plan(module: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
                        for group in optimizer.param_groups]}
 
 
-def export_peer(model, signature: dict, initial: dict, optimizer, batch: tuple, frozen: bool,
-                out: Path) -> dict:
-    """The peer's twin and loss saved to ``out`` (torch.export), and its optimizer's plan."""
+def trained_module(peer: str, model, signature: dict, initial: dict, optimizer):
+    """The module ``peer`` trains from ``initial`` and its torch.optim update, as on the host."""
+    if peer == "peft_lora":
+        from pipelines.peers.peft_lora import peft_model
+
+        twin, names = peft_model(model, signature, initial)
+        return twin, make_optimizer(twin, optimizer, names)
+    frozen = FROZEN[peer]
     twin, names = peer_twin(model, initial, signature, frozen)
-    update = make_optimizer(twin, optimizer, names, lr_scales_of(signature) if frozen else None)
+    return twin, make_optimizer(twin, optimizer, names,
+                                lr_scales_of(signature) if frozen else None)
+
+
+def export_peer(peer: str, model, signature: dict, initial: dict, optimizer, batch: tuple,
+                out: Path) -> dict:
+    """``peer``'s module and loss saved to ``out`` (torch.export), and its optimizer's plan."""
+    twin, update = trained_module(peer, model, signature, initial, optimizer)
     wrapped = _WithLoss(twin, signature["task"]).train()
     program = torch.export.export(wrapped, tuple(torch.from_numpy(np.ascontiguousarray(a))
                                                  for a in batch))
@@ -63,16 +78,20 @@ def run_peers(profile, peers: list[str], model, signature: dict, initial: dict, 
     """Each of ``peers`` trained in the profile's container: its verdict, peak, first loss
     against the host build's ``loss_host``, and step times; a peer that fails is recorded
     with its error."""
+    from pipelines.peers import why_not
     from pipelines.runtime.images import OutOfMemory
     from pipelines.runtime.runners.docker import run_peer
 
     results = {}
     for peer in peers:
+        reason = why_not(peer, signature, model)
+        if reason is not None:
+            results[peer] = {"verdict": "not_run", "reason": reason}
+            continue
         with tempfile.TemporaryDirectory(prefix="pock-peer-") as tmp:
             program = Path(tmp) / "program.pt2"
             try:
-                plan = export_peer(model, signature, initial, optimizer, batch, FROZEN[peer],
-                                   program)
+                plan = export_peer(peer, model, signature, initial, optimizer, batch, program)
                 ran = run_peer(program, plan, list(batch), profile, warmup, steps)
             except OutOfMemory as err:
                 results[peer] = {"verdict": "out_of_memory", "memory_mb": profile.memory_mb,

@@ -28,10 +28,10 @@ LABEL = "container"
 class Config(Strict):
     """A profile's ``docker``: how long a container may run, and which PyTorch peers train
     the case in the same limits after the compiled step (eager full backpropagation; eager
-    with the scheme's frozen layers frozen)."""
+    with the scheme's frozen layers frozen; PEFT LoRA, for a LoRA case)."""
 
     timeout_s: PositiveFloat = 900
-    peers: list[Literal["torch_eager_full", "torch_eager_frozen"]] = []
+    peers: list[Literal["torch_eager_full", "torch_eager_frozen", "peft_lora"]] = []
 
 
 def check(profile) -> None:
