@@ -1,12 +1,14 @@
-"""PyTorch's peers in a device's container (a docker profile's ``docker.peers``): the case's
+"""Peers in a device's container (a docker profile's ``docker.peers``). PyTorch's: the case's
 PyTorch twin from the step's initial values (for PEFT LoRA, the plain twin with PEFT's
 adapters), exported with its loss by torch.export, trained in the PyTorch image in the same core
 and memory limits as the compiled step (runners/docker.py), with the optimizer and trainable set
 the peer has on the host (pipelines/peers). On an 8 GiB board the question is whether the step
 fits at all: its verdict (ok / out_of_memory) and its process's peak, measured as the compiled
 step's are. Its first loss is checked against the host build's on the same batch; its step
-times are this machine's cores, labelled container. A peer that cannot do the case (PEFT LoRA
-of a case without adapters) is recorded as not run, with the reason.
+times are this machine's cores, labelled container. The TFLite peers' model is converted here
+and trained by LiteRT's interpreter in an image of LiteRT and numpy. A peer that cannot do the
+case (PEFT LoRA of a case without adapters, TFLite of a model other than MobileNetV2) is
+recorded as not run, with the reason.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pipelines.runtime.agreement import RTOL
 
 # the container's peers: whether each trains the scheme's model with its frozen layers frozen
 FROZEN = {"torch_eager_full": False, "torch_eager_frozen": True, "peft_lora": None}
+TFLITE_FROZEN = {"tflite_full": False, "tflite_frozen": True}
 
 
 class _WithLoss(torch.nn.Module):
@@ -80,7 +83,6 @@ def run_peers(profile, peers: list[str], model, signature: dict, initial: dict, 
     with its error."""
     from pipelines.peers import why_not
     from pipelines.runtime.images import OutOfMemory
-    from pipelines.runtime.runners.docker import run_peer
 
     results = {}
     for peer in peers:
@@ -88,20 +90,18 @@ def run_peers(profile, peers: list[str], model, signature: dict, initial: dict, 
         if reason is not None:
             results[peer] = {"verdict": "not_run", "reason": reason}
             continue
-        with tempfile.TemporaryDirectory(prefix="pock-peer-") as tmp:
-            program = Path(tmp) / "program.pt2"
-            try:
-                plan = export_peer(peer, model, signature, initial, optimizer, batch, program)
-                ran = run_peer(program, plan, list(batch), profile, warmup, steps)
-            except OutOfMemory as err:
-                results[peer] = {"verdict": "out_of_memory", "memory_mb": profile.memory_mb,
-                                 "reason": str(err).splitlines()[0]}
-                continue
-            except Exception as err:  # the table says why: the error and its last line
-                lines = [line for line in str(err).splitlines() if line.strip()] or [""]
-                results[peer] = {"verdict": "failed", "reason": f"{type(err).__name__}: "
-                                 + " ... ".join(dict.fromkeys([lines[0], lines[-1]]))}
-                continue
+        run = _run_tflite if peer in TFLITE_FROZEN else _run_pytorch
+        try:
+            ran = run(peer, profile, model, signature, initial, optimizer, batch, warmup, steps)
+        except OutOfMemory as err:
+            results[peer] = {"verdict": "out_of_memory", "memory_mb": profile.memory_mb,
+                             "reason": str(err).splitlines()[0]}
+            continue
+        except Exception as err:  # the table says why: the error and its last line
+            lines = [line for line in str(err).splitlines() if line.strip()] or [""]
+            results[peer] = {"verdict": "failed", "reason": f"{type(err).__name__}: "
+                             + " ... ".join(dict.fromkeys([lines[0], lines[-1]]))}
+            continue
         loss, times = ran["losses"][0], ran["times_ms"]
         results[peer] = {
             "verdict": "ok", "peak_rss_bytes": ran["peak_rss_bytes"], "image": ran["image"],
@@ -111,3 +111,34 @@ def run_peers(profile, peers: list[str], model, signature: dict, initial: dict, 
             "container": {"median_ms": float(np.median(times)),
                           "p90_ms": float(np.percentile(times, 90)), "steps": len(times)}}
     return results
+
+
+def _run_pytorch(peer, profile, model, signature, initial, optimizer, batch, warmup, steps):
+    """A PyTorch peer: its program exported here, trained by peer_in_container.py."""
+    from pipelines.runtime.runners.docker import run_peer
+
+    with tempfile.TemporaryDirectory(prefix="pock-peer-") as tmp:
+        program = Path(tmp) / "program.pt2"
+        plan = export_peer(peer, model, signature, initial, optimizer, batch, program)
+        return run_peer(program, plan, list(batch), profile, warmup, steps)
+
+
+def _run_tflite(peer, profile, model, signature, initial, optimizer, batch, warmup, steps):
+    """A TFLite peer: its model converted here (as a phone's is, ahead of time), trained by
+    LiteRT's interpreter in the container (tflite_in_container.py); it trains what PyTorch's
+    twin of the same scheme trains."""
+    from pipelines.evaluate.speed import Spec
+    from pipelines.peers.tensorflow_step import channels_last
+    from pipelines.peers.tflite_training import converted
+    from pipelines.runtime.runners.docker import run_tflite_peer
+
+    frozen = TFLITE_FROZEN[peer]
+    spec = Spec(cores=profile.cores, warmup=warmup, steps=steps, batch=Path(), build=Path(),
+                initial=initial, model=model, optimizer=optimizer)
+    x, labels = channels_last(batch)
+    ran = run_tflite_peer(converted(spec, signature, frozen, batch), {"x": x, "labels": labels},
+                          profile, warmup, steps)
+    twin, names = peer_twin(model, initial, signature, frozen)
+    params = dict(twin.named_parameters())
+    return {**ran, "trained": len(names), "trained_elements": sum(params[n].numel()
+                                                                  for n in names)}

@@ -20,7 +20,8 @@ from pipelines.schema import ConfigError
 # Emulation needs a foreign one (aarch64); pipelines/runtime/images.py uses both.
 ARCHITECTURES = {"aarch64": ("arm64", ["manylinux_2_28_aarch64", "manylinux2014_aarch64"]),
                  "x86_64": ("amd64", ["manylinux_2_28_x86_64", "manylinux2014_x86_64",
-                                      "manylinux_2_17_x86_64"])}
+                                      "manylinux_2_17_x86_64",
+                                      "manylinux_2_27_x86_64"])}  # LiteRT's
 DEBIAN = ["python3", "libstdc++6", "libgomp1"]
 NATIVE_DEBIAN = ["libstdc++6"]  # all the native runner and TVM's runtime libraries load
 # ... and none of its documentation, translations, debugger scripts or iconv's character-set

@@ -1,8 +1,8 @@
 """This machine's CPU in a container limited to the profile's cores and memory (no swap, no
 network), running on_device.py in the runtime image (Debian, TVM, numpy: runtime/images.py). A
 step that does not fit the memory is killed as it would be on the device, and recorded as out
-of memory. Its step times are this machine's cores, labelled container. PyTorch's peers
-(``docker.peers``) train the same case in the same limits, in the PyTorch image
+of memory. Its step times are this machine's cores, labelled container. Peers
+(``docker.peers``) train the same case in the same limits, in the PyTorch image or LiteRT's
 (pipelines/evaluate/container_peers.py)."""
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from typing import Literal
 from pydantic import PositiveFloat
 
 from pipelines.runtime.device_io import (ON_DEVICE, PEER_IN_CONTAINER, SAMPLED_PEAK,
-                                         libraries_beside, read_outputs, save_inputs)
+                                         TFLITE_IN_CONTAINER, libraries_beside, read_outputs,
+                                         save_inputs)
 from pipelines.schema import Strict
 
 SECTION = "docker"
@@ -26,12 +27,14 @@ LABEL = "container"
 
 
 class Config(Strict):
-    """A profile's ``docker``: how long a container may run, and which PyTorch peers train
-    the case in the same limits after the compiled step (eager full backpropagation; eager
-    with the scheme's frozen layers frozen; PEFT LoRA, for a LoRA case)."""
+    """A profile's ``docker``: how long a container may run, and which peers train the case in
+    the same limits after the compiled step (PyTorch eager full backpropagation; eager with the
+    scheme's frozen layers frozen; PEFT LoRA, for a LoRA case; TFLite, full or frozen, for
+    MobileNetV2)."""
 
     timeout_s: PositiveFloat = 900
-    peers: list[Literal["torch_eager_full", "torch_eager_frozen", "peft_lora"]] = []
+    peers: list[Literal["torch_eager_full", "torch_eager_frozen", "peft_lora", "tflite_full",
+                        "tflite_frozen"]] = []
 
 
 def check(profile) -> None:
@@ -104,5 +107,28 @@ def run_peer(program: Path, plan: dict, args: list, profile, warmup: int, steps:
                                           "/io/program.pt2",
                                           "/io/plan.json", "/io/inputs.npz", "/io/output.json",
                                           str(warmup), str(steps)],
+                    profile, {io: ("/io", "rw")}, (profile.docker or Config()).timeout_s)
+        return {**json.loads((io / "output.json").read_text()), "image": image["tag"]}
+
+
+def run_tflite_peer(model: bytes, inputs: dict, profile, warmup: int, steps: int) -> dict:
+    """tflite_in_container.py's results for ``model`` (a TFLite model with a ``train``
+    signature) on ``inputs`` (its arguments by name), in the LiteRT image in the profile's
+    limits; raises images.OutOfMemory when it does not fit."""
+    import numpy as np
+
+    from pipelines.runtime.images import litert_layers, run_limited
+
+    client, image = _image(profile, litert_layers, "litert")
+    with tempfile.TemporaryDirectory(prefix="pock-docker-") as tmp:
+        io = Path(tmp)
+        (io / "model.tflite").write_bytes(model)
+        np.savez(io / "inputs.npz", **inputs)
+        for script in (TFLITE_IN_CONTAINER, SAMPLED_PEAK):
+            shutil.copy(script, io / script.name)
+        run_limited(client, image["id"], ["python3", f"/io/{TFLITE_IN_CONTAINER.name}",
+                                          "/io/model.tflite", "/io/inputs.npz",
+                                          "/io/output.json", str(warmup), str(steps),
+                                          str(profile.cores)],
                     profile, {io: ("/io", "rw")}, (profile.docker or Config()).timeout_s)
         return {**json.loads((io / "output.json").read_text()), "image": image["tag"]}
