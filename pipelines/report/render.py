@@ -213,15 +213,15 @@ def _target_name(target: str) -> str:
 
 
 def _container_peers_table(benchmarks: dict) -> list[str]:
-    """PyTorch training the same case in the device's container after the compiled step
+    """Peers training the same case in the device's container after the compiled step
     (evaluate/container_peers.py): does the tool a user would pick instead fit?"""
     rows = [(key, peer, r) for key, bench in benchmarks.items() if bench
             for peer, r in bench.get("peers", {}).items()]
     if not rows:
         return []
-    lines = ["", "PyTorch in the same container, after the compiled step (its twin from the same "
-             "values, exported with its loss; the same optimizer and trainable set as on the "
-             "host):", "", "| case | device | peer | verdict | peak memory | first loss vs the "
+    lines = ["", "Peers in the same container, after the compiled step (PyTorch's and PEFT's "
+             "twin from the same values, exported with its loss; TFLite's model converted here; "
+             "the same optimizer and trainable set as on the host):", "", "| case | device | peer | verdict | peak memory | first loss vs the "
              "host build | step latency |", "|---|---|---|---|---|---|---|"]
     for key, peer, r in rows:
         case, device = key.rsplit("-", 1)
