@@ -9,8 +9,9 @@ images that ship it (pipelines/runtime/package.py).
   the benchmark stage (pipelines/evaluate/device.py) records as a verdict;
 - PyTorch's peers train the same case in the device's container (the PyTorch image): three
   steps' losses equal eager PyTorch's here (rel 1e-5), the trained set the same size; so do
-  the TFLite peers (converted here, run by LiteRT's interpreter in its image); one that is
-  killed for memory, or fails, is recorded so, the others still run;
+  the TFLite and ONNX Runtime peers (converted here, run by LiteRT's interpreter or ONNX
+  Runtime's training API in an image of their own); one that is killed for memory, or fails,
+  is recorded so, the others still run;
 - the native runner and the Python runner give the same batches, losses and weights, bit for
   bit; the native runner names bad data (exit 2) and stops at a non-finite loss (exit 3);
 - the packaged image (no Python in it) fine-tunes on a tiny mounted data directory; its losses
@@ -178,6 +179,38 @@ def test_tflite_peers_train_in_the_container_as_pytorch(client, params, host_ste
     assert got["image"].startswith("pockengine/litert-amd64:")
     twin = torch_twin(model, signature, host_step.initial, adapters=True)
     update = make_optimizer(twin, OPT, list(selection_of(signature)))
+    here = [train_step(twin, update, *batch) for _ in range(3)]
+    assert got["losses"] == pytest.approx(here, rel=1e-5)
+    assert got["trained_elements"] == sum(p.numel() for p in twin.parameters() if p.requires_grad)
+    assert got["container"]["steps"] == 1 and 0 < got["peak_rss_bytes"] < 2048 * 2**20
+
+
+@pytest.mark.slow
+def test_ort_peer_trains_in_the_container_as_pytorch(client, params, host_step, edge_build):
+    """ONNX Runtime training with the scheme's layers frozen, its artifacts made here and run by
+    its training API in the device's container (ONNX Runtime's image, no PyTorch or ONNX in
+    it), does PyTorch's update (plain SGD: ONNX Runtime's): three steps' losses within 1e-5,
+    the first the compiled step's."""
+    pytest.importorskip("onnxruntime.training", reason="pip install -e '.[peers]'")
+    from pipelines.evaluate.device import run_on_device
+    from pipelines.frontends.twin import torch_twin
+    from pipelines.models.pytorch import make_optimizer, selection_of, train_step
+    from pipelines.peers.onnxruntime_training import optimizer_run
+    from pipelines.runtime.step import CompiledStep
+
+    model = params.models[params.cases[CASE].model]
+    batch = _batches(8)
+    local = CompiledStep(host_step.directory, host_step.initial)
+    want = [o.numpy() for o in local.function(*local.arguments(*batch))]
+    peers = {"docker": {"peers": ["ort_training_frozen"]}}
+    result = run_on_device("edge_x86", load_profile("edge_x86", {"edge_x86": peers}),
+                           edge_build, host_step.initial, batch, want, warmup=2, steps=1,
+                           model=model, optimizer=OPT)
+    got = result["peers"]["ort_training_frozen"]
+    assert got["verdict"] == "ok" and got["matches_host"], got
+    assert got["image"].startswith("pockengine/onnxruntime-amd64:")
+    twin = torch_twin(model, host_step.signature, host_step.initial, adapters=True)
+    update = make_optimizer(twin, optimizer_run(OPT), list(selection_of(host_step.signature)))
     here = [train_step(twin, update, *batch) for _ in range(3)]
     assert got["losses"] == pytest.approx(here, rel=1e-5)
     assert got["trained_elements"] == sum(p.numel() for p in twin.parameters() if p.requires_grad)

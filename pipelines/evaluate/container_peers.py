@@ -6,9 +6,10 @@ the peer has on the host (pipelines/peers). On an 8 GiB board the question is wh
 fits at all: its verdict (ok / out_of_memory) and its process's peak, measured as the compiled
 step's are. Its first loss is checked against the host build's on the same batch; its step
 times are this machine's cores, labelled container. The TFLite peers' model is converted here
-and trained by LiteRT's interpreter in an image of LiteRT and numpy. A peer that cannot do the
-case (PEFT LoRA of a case without adapters, TFLite of a model other than MobileNetV2) is
-recorded as not run, with the reason.
+and trained by LiteRT's interpreter in an image of LiteRT and numpy; ONNX Runtime's training
+artifacts are made here and run by its training API in an image of ONNX Runtime and numpy.
+A peer that cannot do the case (PEFT LoRA of a case without adapters, TFLite of a model other
+than MobileNetV2) is recorded as not run, with the reason.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pipelines.runtime.agreement import RTOL
 # the container's peers: whether each trains the scheme's model with its frozen layers frozen
 FROZEN = {"torch_eager_full": False, "torch_eager_frozen": True, "peft_lora": None}
 TFLITE_FROZEN = {"tflite_full": False, "tflite_frozen": True}
+ORT_FROZEN = {"ort_training_full": False, "ort_training_frozen": True}
 
 
 class _WithLoss(torch.nn.Module):
@@ -90,7 +92,8 @@ def run_peers(profile, peers: list[str], model, signature: dict, initial: dict, 
         if reason is not None:
             results[peer] = {"verdict": "not_run", "reason": reason}
             continue
-        run = _run_tflite if peer in TFLITE_FROZEN else _run_pytorch
+        run = (_run_tflite if peer in TFLITE_FROZEN else _run_ort if peer in ORT_FROZEN
+               else _run_pytorch)
         try:
             ran = run(peer, profile, model, signature, initial, optimizer, batch, warmup, steps)
         except OutOfMemory as err:
@@ -139,6 +142,24 @@ def _run_tflite(peer, profile, model, signature, initial, optimizer, batch, warm
     ran = run_tflite_peer(converted(spec, signature, frozen, batch), {"x": x, "labels": labels},
                           profile, warmup, steps)
     twin, names = peer_twin(model, initial, signature, frozen)
+    params = dict(twin.named_parameters())
+    return {**ran, "trained": len(names), "trained_elements": sum(params[n].numel()
+                                                                  for n in names)}
+
+
+def _run_ort(peer, profile, model, signature, initial, optimizer, batch, warmup, steps):
+    """An ONNX Runtime training peer: its artifacts made here (as an app's are, ahead of time),
+    run by ONNX Runtime's training API in the container (ort_in_container.py)."""
+    from pipelines.peers.onnxruntime_training import training_inputs, write_training_artifacts
+    from pipelines.runtime.runners.docker import run_ort_peer
+
+    frozen = ORT_FROZEN[peer]
+    with tempfile.TemporaryDirectory(prefix="pock-peer-") as tmp:
+        artifacts = Path(tmp)
+        twin, names = write_training_artifacts(model, initial, signature, batch, frozen,
+                                               optimizer, artifacts)
+        inputs, labels = training_inputs(signature, batch)
+        ran = run_ort_peer(artifacts, [*inputs, labels], optimizer.lr, profile, warmup, steps)
     params = dict(twin.named_parameters())
     return {**ran, "trained": len(names), "trained_elements": sum(params[n].numel()
                                                                   for n in names)}

@@ -88,29 +88,23 @@ def held_norms_as_arithmetic(model):
 def ort_step(spec, signature, batch, frozen: bool):
     """One ONNX Runtime training step (forward, backward, optimizer, gradients reset) as a
     callable returning its loss: every parameter trained, or with ``frozen`` the scheme's."""
-    import numpy as np
     import onnxruntime
     from onnxruntime.training import api
 
     onnxruntime.set_default_logger_severity(3)  # its graph passes log each step at info
-    model, names = peer_twin(spec.model, spec.initial, signature, frozen)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = spec.cores
     with tempfile.TemporaryDirectory(prefix="pock-ort-") as tmp:
         directory = Path(tmp)
-        _write_artifacts(model, spec.model.source, signature, batch, names,
-                         directory, spec.optimizer)
+        write_training_artifacts(spec.model, spec.initial, signature, batch, frozen,
+                                 spec.optimizer, directory)
         state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
         module = api.Module(str(directory / "training_model.onnx"), state,
                             session_options=options)
         optimizer = api.Optimizer(str(directory / "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(spec.optimizer.lr)
     module.train()
-    *inputs, labels = batch
-    task = signature["task"]
-    if task in TOKEN_TASKS:
-        labels = TOKEN_TASKS[task][1](labels)
-    labels = labels.astype(np.int64) if labels.dtype.kind in "iu" else labels
+    inputs, labels = training_inputs(signature, batch)
 
     def step() -> float:
         loss = module(*inputs, labels)
@@ -118,6 +112,28 @@ def ort_step(spec, signature, batch, frozen: bool):
         module.lazy_reset_grad()
         return float(loss)
     return step
+
+
+def write_training_artifacts(model_section, initial: dict, signature: dict, batch,
+                             frozen: bool, optimizer, directory: Path) -> tuple:
+    """ONNX Runtime's training artifacts (training_model.onnx, checkpoint, optimizer_model.onnx)
+    of the peer's twin of ``model_section`` from ``initial`` into ``directory``: every
+    parameter trained, or with ``frozen`` the scheme's; the twin, and the names it trains."""
+    model, names = peer_twin(model_section, initial, signature, frozen)
+    _write_artifacts(model, model_section.source, signature, batch, names, directory, optimizer)
+    return model, names
+
+
+def training_inputs(signature: dict, batch) -> tuple[list, object]:
+    """The training model's inputs and labels for the step's ``batch``: a token task's labels
+    as rows, as the exported output is; integer labels as int64."""
+    import numpy as np
+
+    *inputs, labels = batch
+    task = signature["task"]
+    if task in TOKEN_TASKS:
+        labels = TOKEN_TASKS[task][1](labels)
+    return inputs, labels.astype(np.int64) if labels.dtype.kind in "iu" else labels
 
 
 def _write_artifacts(model, source: str, signature: dict, batch, names: list[str],

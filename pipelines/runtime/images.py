@@ -7,7 +7,7 @@ An image is a stack of layer tarballs:
 2. Python: the device's wheels of TVM and numpy at the versions installed here;
 3. for a package, the application (pipelines/runtime/package.py); for PyTorch's peers in a
    device's container, PyTorch's CPU wheel (``pytorch_layers``); for the TFLite peers, LiteRT's
-   (``litert_layers``).
+   (``litert_layers``); for ONNX Runtime's, its training wheel (``ort_layers``).
 Every layer is a deterministic tar (sorted names, zero times and owners) and the image config
 has fixed times, so the image ID, the sha256 of the config, is a hash of the content: the same
 inputs give the same ID, and the tag is derived from it. A stage records the ID beside its DVC
@@ -46,6 +46,8 @@ PYTORCH_WHEELS = ["torch", "numpy", "typing_extensions", "filelock", "fsspec", "
 PYTORCH_UNUSED = ["torch/include", "torch/test", "torch/share"]
 # LiteRT's interpreter imports only itself and numpy, for the TFLite peers' image
 LITERT_WHEELS = ["ai-edge-litert", "numpy"]
+# ONNX Runtime training's API needs only its own wheel and numpy (runtime/ort_in_container.py)
+ORT_WHEELS = ["onnxruntime-training-cpu", "numpy"]
 
 CACHE = Path(os.environ.get("POCKENGINE_CACHE", "~/.cache/pockengine")).expanduser() / "layers"
 ENGINE_HELP = ("start one as root: `dockerd --storage-driver=vfs --iptables=false --bridge=none &` "
@@ -233,6 +235,13 @@ def litert_layers(arch: str) -> list[Path]:
     TFLite peer needs to train in a device's container (evaluate/container_peers.py)."""
     _known(arch)
     return [debian_layer(arch), python_layer(arch, LITERT_WHEELS, "litert")]
+
+
+def ort_layers(arch: str) -> list[Path]:
+    """Debian and ONNX Runtime training with numpy, the versions installed here, no TVM: what
+    an ONNX Runtime peer needs to train in a device's container (evaluate/container_peers.py)."""
+    _known(arch)
+    return [debian_layer(arch), python_layer(arch, ORT_WHEELS, "onnxruntime")]
 
 
 def image_config(arch: str, layers: list[Path], config: dict) -> bytes:

@@ -2,8 +2,8 @@
 network), running on_device.py in the runtime image (Debian, TVM, numpy: runtime/images.py). A
 step that does not fit the memory is killed as it would be on the device, and recorded as out
 of memory. Its step times are this machine's cores, labelled container. Peers
-(``docker.peers``) train the same case in the same limits, in the PyTorch image or LiteRT's
-(pipelines/evaluate/container_peers.py)."""
+(``docker.peers``) train the same case in the same limits, in the PyTorch image, LiteRT's or
+ONNX Runtime's (pipelines/evaluate/container_peers.py)."""
 from __future__ import annotations
 
 import json
@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import PositiveFloat
 
-from pipelines.runtime.device_io import (ON_DEVICE, PEER_IN_CONTAINER, SAMPLED_PEAK,
-                                         TFLITE_IN_CONTAINER, libraries_beside, read_outputs,
-                                         save_inputs)
+from pipelines.runtime.device_io import (ON_DEVICE, ORT_IN_CONTAINER, PEER_IN_CONTAINER,
+                                         SAMPLED_PEAK, TFLITE_IN_CONTAINER, libraries_beside,
+                                         read_outputs, save_inputs)
 from pipelines.schema import Strict
 
 SECTION = "docker"
@@ -30,11 +30,11 @@ class Config(Strict):
     """A profile's ``docker``: how long a container may run, and which peers train the case in
     the same limits after the compiled step (PyTorch eager full backpropagation; eager with the
     scheme's frozen layers frozen; PEFT LoRA, for a LoRA case; TFLite, full or frozen, for
-    MobileNetV2)."""
+    MobileNetV2; ONNX Runtime training, full or frozen)."""
 
     timeout_s: PositiveFloat = 900
     peers: list[Literal["torch_eager_full", "torch_eager_frozen", "peft_lora", "tflite_full",
-                        "tflite_frozen"]] = []
+                        "tflite_frozen", "ort_training_full", "ort_training_frozen"]] = []
 
 
 def check(profile) -> None:
@@ -89,46 +89,77 @@ def run(library: Path, args: list, profile, warmup: int, steps: int):
     return outputs, times, {**info, "image": image["tag"], "image_id": image["id"]}
 
 
+def _run_script(profile, layers, name: str, script: Path, files: dict, arguments: list) -> dict:
+    """``script`` (sampled_peak.py beside it) run in the image of ``layers`` in the profile's
+    limits, on ``files`` (a name in /io -> a path to copy, or bytes) and ``arguments`` (after
+    its output file, /io/output.json, they follow the files' paths); its output and the
+    image's tag. Raises images.OutOfMemory when it does not fit."""
+    from pipelines.runtime.images import run_limited
+
+    client, image = _image(profile, layers, name)
+    with tempfile.TemporaryDirectory(prefix="pock-docker-") as tmp:
+        io = Path(tmp)
+        for file, content in files.items():
+            if isinstance(content, bytes):
+                (io / file).write_bytes(content)
+            elif Path(content).is_dir():
+                shutil.copytree(content, io / file)
+            else:
+                shutil.copy(content, io / file)
+        for beside in (script, SAMPLED_PEAK):
+            shutil.copy(beside, io / beside.name)
+        run_limited(client, image["id"], ["python3", f"/io/{script.name}",
+                                          *[f"/io/{file}" for file in files],
+                                          "/io/output.json", *map(str, arguments)],
+                    profile, {io: ("/io", "rw")}, (profile.docker or Config()).timeout_s)
+        return {**json.loads((io / "output.json").read_text()), "image": image["tag"]}
+
+
 def run_peer(program: Path, plan: dict, args: list, profile, warmup: int, steps: int) -> dict:
     """peer_in_container.py's results for ``program`` (the model and its loss, saved by
     torch.export) trained as ``plan`` says on ``args``, in the PyTorch image in the profile's
     limits; raises images.OutOfMemory when it does not fit."""
-    from pipelines.runtime.images import pytorch_layers, run_limited
+    from pipelines.runtime.images import pytorch_layers
 
-    client, image = _image(profile, pytorch_layers, "pytorch")
-    with tempfile.TemporaryDirectory(prefix="pock-docker-") as tmp:
-        io = Path(tmp)
-        shutil.copy(program, io / "program.pt2")
-        (io / "plan.json").write_text(json.dumps(plan))
-        save_inputs(io / "inputs.npz", args)
-        for script in (PEER_IN_CONTAINER, SAMPLED_PEAK):
-            shutil.copy(script, io / script.name)
-        run_limited(client, image["id"], ["python3", f"/io/{PEER_IN_CONTAINER.name}",
-                                          "/io/program.pt2",
-                                          "/io/plan.json", "/io/inputs.npz", "/io/output.json",
-                                          str(warmup), str(steps)],
-                    profile, {io: ("/io", "rw")}, (profile.docker or Config()).timeout_s)
-        return {**json.loads((io / "output.json").read_text()), "image": image["tag"]}
+    return _run_script(profile, pytorch_layers, "pytorch", PEER_IN_CONTAINER,
+                       {"program.pt2": program, "plan.json": json.dumps(plan).encode(),
+                        "inputs.npz": _npz(args)}, [warmup, steps])
 
 
 def run_tflite_peer(model: bytes, inputs: dict, profile, warmup: int, steps: int) -> dict:
     """tflite_in_container.py's results for ``model`` (a TFLite model with a ``train``
     signature) on ``inputs`` (its arguments by name), in the LiteRT image in the profile's
     limits; raises images.OutOfMemory when it does not fit."""
+    from pipelines.runtime.images import litert_layers
+
+    return _run_script(profile, litert_layers, "litert", TFLITE_IN_CONTAINER,
+                       {"model.tflite": model, "inputs.npz": _npz(inputs)},
+                       [warmup, steps, profile.cores])
+
+
+def run_ort_peer(artifacts: Path, args: list, lr: float, profile, warmup: int,
+                 steps: int) -> dict:
+    """ort_in_container.py's results for ONNX Runtime's training ``artifacts`` (a directory)
+    on ``args`` (the training model's inputs, the labels last) at learning rate ``lr``, in the
+    ONNX Runtime image in the profile's limits; raises images.OutOfMemory when it does not
+    fit."""
+    from pipelines.runtime.images import ort_layers
+
+    return _run_script(profile, ort_layers, "onnxruntime", ORT_IN_CONTAINER,
+                       {"artifacts": artifacts, "inputs.npz": _npz(args)},
+                       [warmup, steps, profile.cores, lr])
+
+
+def _npz(arrays) -> bytes:
+    """``arrays`` as an .npz file's bytes: a list as arg_000, ... (save_inputs), or by name."""
+    import io
+
     import numpy as np
 
-    from pipelines.runtime.images import litert_layers, run_limited
-
-    client, image = _image(profile, litert_layers, "litert")
+    if isinstance(arrays, dict):
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        return buffer.getvalue()
     with tempfile.TemporaryDirectory(prefix="pock-docker-") as tmp:
-        io = Path(tmp)
-        (io / "model.tflite").write_bytes(model)
-        np.savez(io / "inputs.npz", **inputs)
-        for script in (TFLITE_IN_CONTAINER, SAMPLED_PEAK):
-            shutil.copy(script, io / script.name)
-        run_limited(client, image["id"], ["python3", f"/io/{TFLITE_IN_CONTAINER.name}",
-                                          "/io/model.tflite", "/io/inputs.npz",
-                                          "/io/output.json", str(warmup), str(steps),
-                                          str(profile.cores)],
-                    profile, {io: ("/io", "rw")}, (profile.docker or Config()).timeout_s)
-        return {**json.loads((io / "output.json").read_text()), "image": image["tag"]}
+        save_inputs(Path(tmp) / "inputs.npz", arrays)
+        return (Path(tmp) / "inputs.npz").read_bytes()
