@@ -153,45 +153,23 @@ def test_pytorch_peers_train_in_the_container_as_on_the_host(client, params, hos
             < result["peers"]["torch_eager_full"]["trained_elements"])
 
 
-@pytest.mark.slow
-def test_tflite_peers_train_in_the_container_as_pytorch(client, params, host_step, edge_build):
-    """The TFLite peer with the scheme's layers frozen, converted here and run by LiteRT's
-    interpreter in the device's container (LiteRT's image), does PyTorch's update: three steps'
-    losses within 1e-5 of eager PyTorch's with the same layers frozen, the first the compiled
-    step's. (Its full-BP twin shares the path; on the host both are checked, test_peers.py.)"""
-    pytest.importorskip("ai_edge_litert", reason="pip install -e '.[peers]'")
-    from pipelines.evaluate.device import run_on_device
-    from pipelines.frontends.twin import torch_twin
-    from pipelines.models.pytorch import make_optimizer, selection_of, train_step
-    from pipelines.runtime.step import CompiledStep
-
-    model = params.models[params.cases[CASE].model]
-    batch = _batches(8)
-    local = CompiledStep(host_step.directory, host_step.initial)
-    want = [o.numpy() for o in local.function(*local.arguments(*batch))]
-    peers = {"docker": {"peers": ["tflite_frozen"]}}
-    result = run_on_device("edge_x86", load_profile("edge_x86", {"edge_x86": peers}),
-                           edge_build, host_step.initial, batch, want, warmup=2, steps=1,
-                           model=model, optimizer=OPT)
-    signature = host_step.signature
-    got = result["peers"]["tflite_frozen"]
-    assert got["verdict"] == "ok" and got["matches_host"], got
-    assert got["image"].startswith("pockengine/litert-amd64:")
-    twin = torch_twin(model, signature, host_step.initial, adapters=True)
-    update = make_optimizer(twin, OPT, list(selection_of(signature)))
-    here = [train_step(twin, update, *batch) for _ in range(3)]
-    assert got["losses"] == pytest.approx(here, rel=1e-5)
-    assert got["trained_elements"] == sum(p.numel() for p in twin.parameters() if p.requires_grad)
-    assert got["container"]["steps"] == 1 and 0 < got["peak_rss_bytes"] < 2048 * 2**20
+# The on-device engines' peers with the scheme's layers frozen: the library each needs here,
+# its image, and whether it runs the case's SGD with momentum or plain SGD (ONNX Runtime's).
+ENGINE_PEERS = [("tflite_frozen", "ai_edge_litert", "litert", False),
+                ("ort_training_frozen", "onnxruntime.training", "onnxruntime", True)]
 
 
 @pytest.mark.slow
-def test_ort_peer_trains_in_the_container_as_pytorch(client, params, host_step, edge_build):
-    """ONNX Runtime training with the scheme's layers frozen, its artifacts made here and run by
-    its training API in the device's container (ONNX Runtime's image, no PyTorch or ONNX in
-    it), does PyTorch's update (plain SGD: ONNX Runtime's): three steps' losses within 1e-5,
-    the first the compiled step's."""
-    pytest.importorskip("onnxruntime.training", reason="pip install -e '.[peers]'")
+@pytest.mark.parametrize("peer,library,image,plain_sgd", ENGINE_PEERS,
+                         ids=[p[0] for p in ENGINE_PEERS])
+def test_engine_peers_train_in_the_container_as_pytorch(client, params, host_step, edge_build,
+                                                        peer, library, image, plain_sgd):
+    """TFLite (its model converted here, run by LiteRT's interpreter) and ONNX Runtime training
+    (its artifacts made here, run by its training API), each in the device's container in an
+    image of its own runtime and numpy, do PyTorch's update with the same layers frozen: three
+    steps' losses within 1e-5, the first the compiled step's. (Their full-BP twins share the
+    path; on the host both are checked, test_peers.py.)"""
+    pytest.importorskip(library, reason="pip install -e '.[peers]'")
     from pipelines.evaluate.device import run_on_device
     from pipelines.frontends.twin import torch_twin
     from pipelines.models.pytorch import make_optimizer, selection_of, train_step
@@ -202,15 +180,16 @@ def test_ort_peer_trains_in_the_container_as_pytorch(client, params, host_step, 
     batch = _batches(8)
     local = CompiledStep(host_step.directory, host_step.initial)
     want = [o.numpy() for o in local.function(*local.arguments(*batch))]
-    peers = {"docker": {"peers": ["ort_training_frozen"]}}
+    peers = {"docker": {"peers": [peer]}}
     result = run_on_device("edge_x86", load_profile("edge_x86", {"edge_x86": peers}),
                            edge_build, host_step.initial, batch, want, warmup=2, steps=1,
                            model=model, optimizer=OPT)
-    got = result["peers"]["ort_training_frozen"]
+    got = result["peers"][peer]
     assert got["verdict"] == "ok" and got["matches_host"], got
-    assert got["image"].startswith("pockengine/onnxruntime-amd64:")
+    assert got["image"].startswith(f"pockengine/{image}-amd64:")
     twin = torch_twin(model, host_step.signature, host_step.initial, adapters=True)
-    update = make_optimizer(twin, optimizer_run(OPT), list(selection_of(host_step.signature)))
+    update = make_optimizer(twin, optimizer_run(OPT) if plain_sgd else OPT,
+                            list(selection_of(host_step.signature)))
     here = [train_step(twin, update, *batch) for _ in range(3)]
     assert got["losses"] == pytest.approx(here, rel=1e-5)
     assert got["trained_elements"] == sum(p.numel() for p in twin.parameters() if p.requires_grad)
