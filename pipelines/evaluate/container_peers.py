@@ -23,10 +23,6 @@ from pipelines.models.pytorch import lr_scales_of, make_optimizer, task_loss
 from pipelines.peers.pytorch import peer_twin
 from pipelines.runtime.agreement import RTOL
 
-# the container's peers: whether each trains the scheme's model with its frozen layers frozen
-FROZEN = {"torch_eager_full": False, "torch_eager_frozen": True, "peft_lora": None}
-TFLITE_FROZEN = {"tflite_full": False, "tflite_frozen": True}
-ORT_FROZEN = {"ort_training_full": False, "ort_training_frozen": True}
 
 
 class _WithLoss(torch.nn.Module):
@@ -61,7 +57,7 @@ def trained_module(peer: str, model, signature: dict, initial: dict, optimizer):
 
         twin, names = peft_model(model, signature, initial)
         return twin, make_optimizer(twin, optimizer, names)
-    frozen = FROZEN[peer]
+    frozen = IN_CONTAINER[peer][1]
     twin, names = peer_twin(model, initial, signature, frozen)
     return twin, make_optimizer(twin, optimizer, names,
                                 lr_scales_of(signature) if frozen else None)
@@ -92,10 +88,10 @@ def run_peers(profile, peers: list[str], model, signature: dict, initial: dict, 
         if reason is not None:
             results[peer] = {"verdict": "not_run", "reason": reason}
             continue
-        run = (_run_tflite if peer in TFLITE_FROZEN else _run_ort if peer in ORT_FROZEN
-               else _run_pytorch)
         try:
-            ran = run(peer, profile, model, signature, initial, optimizer, batch, warmup, steps)
+            run, frozen = IN_CONTAINER[peer]
+            ran = run(peer, frozen, profile, model, signature, initial, optimizer, batch,
+                      warmup, steps)
         except OutOfMemory as err:
             results[peer] = {"verdict": "out_of_memory", "memory_mb": profile.memory_mb,
                              "reason": str(err).splitlines()[0]}
@@ -116,7 +112,7 @@ def run_peers(profile, peers: list[str], model, signature: dict, initial: dict, 
     return results
 
 
-def _run_pytorch(peer, profile, model, signature, initial, optimizer, batch, warmup, steps):
+def _run_pytorch(peer, frozen, profile, model, signature, initial, optimizer, batch, warmup, steps):
     """A PyTorch peer: its program exported here, trained by peer_in_container.py."""
     from pipelines.runtime.runners.docker import run_peer
 
@@ -126,7 +122,7 @@ def _run_pytorch(peer, profile, model, signature, initial, optimizer, batch, war
         return run_peer(program, plan, list(batch), profile, warmup, steps)
 
 
-def _run_tflite(peer, profile, model, signature, initial, optimizer, batch, warmup, steps):
+def _run_tflite(peer, frozen, profile, model, signature, initial, optimizer, batch, warmup, steps):
     """A TFLite peer: its model converted here (as a phone's is, ahead of time), trained by
     LiteRT's interpreter in the container (tflite_in_container.py); it trains what PyTorch's
     twin of the same scheme trains."""
@@ -135,31 +131,38 @@ def _run_tflite(peer, profile, model, signature, initial, optimizer, batch, warm
     from pipelines.peers.tflite_training import converted
     from pipelines.runtime.runners.docker import run_tflite_peer
 
-    frozen = TFLITE_FROZEN[peer]
     spec = Spec(cores=profile.cores, warmup=warmup, steps=steps, batch=Path(), build=Path(),
                 initial=initial, model=model, optimizer=optimizer)
     x, labels = channels_last(batch)
     ran = run_tflite_peer(converted(spec, signature, frozen, batch), {"x": x, "labels": labels},
                           profile, warmup, steps)
-    twin, names = peer_twin(model, initial, signature, frozen)
-    params = dict(twin.named_parameters())
-    return {**ran, "trained": len(names), "trained_elements": sum(params[n].numel()
-                                                                  for n in names)}
+    return {**ran, **_trained(*peer_twin(model, initial, signature, frozen))}
 
 
-def _run_ort(peer, profile, model, signature, initial, optimizer, batch, warmup, steps):
+def _run_ort(peer, frozen, profile, model, signature, initial, optimizer, batch, warmup, steps):
     """An ONNX Runtime training peer: its artifacts made here (as an app's are, ahead of time),
     run by ONNX Runtime's training API in the container (ort_in_container.py)."""
     from pipelines.peers.onnxruntime_training import training_inputs, write_training_artifacts
     from pipelines.runtime.runners.docker import run_ort_peer
 
-    frozen = ORT_FROZEN[peer]
     with tempfile.TemporaryDirectory(prefix="pock-peer-") as tmp:
         artifacts = Path(tmp)
         twin, names = write_training_artifacts(model, initial, signature, batch, frozen,
                                                optimizer, artifacts)
         inputs, labels = training_inputs(signature, batch)
         ran = run_ort_peer(artifacts, [*inputs, labels], optimizer.lr, profile, warmup, steps)
+    return {**ran, **_trained(twin, names)}
+
+
+def _trained(twin, names: list[str]) -> dict:
+    """What a peer whose script does not count it trains: ``names`` of ``twin``."""
     params = dict(twin.named_parameters())
-    return {**ran, "trained": len(names), "trained_elements": sum(params[n].numel()
-                                                                  for n in names)}
+    return {"trained": len(names), "trained_elements": sum(params[n].numel() for n in names)}
+
+
+# The peers that train in a container: what runs each, and whether it trains the scheme's model
+# with its frozen layers frozen (None: PEFT's adapters on the plain model).
+IN_CONTAINER = {"torch_eager_full": (_run_pytorch, False),
+                "torch_eager_frozen": (_run_pytorch, True), "peft_lora": (_run_pytorch, None),
+                "tflite_full": (_run_tflite, False), "tflite_frozen": (_run_tflite, True),
+                "ort_training_full": (_run_ort, False), "ort_training_frozen": (_run_ort, True)}
