@@ -114,12 +114,12 @@ def atomic_dir(final: Path):
 
 
 def toolchain_versions() -> dict:
-    import numpy
-    import torch
-    import tvm
+    # the installed distributions' versions (what tvm.__version__ and torch.__version__ say),
+    # read without importing them: that takes seconds, and a data stage needs neither
+    from importlib.metadata import version
 
-    return {"python": platform.python_version(), "tvm": tvm.__version__,
-            "torch": torch.__version__, "numpy": numpy.__version__}
+    return {"python": platform.python_version(), "tvm": version("apache-tvm"),
+            "torch": version("torch"), "numpy": version("numpy")}
 
 
 def manifest(stage: str, inputs: dict[str, Path], params: dict, outputs: Path) -> dict:
