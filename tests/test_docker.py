@@ -196,6 +196,19 @@ def test_engine_peers_train_in_the_container_as_pytorch(client, params, host_ste
     assert got["container"]["steps"] == 1 and 0 < got["peak_rss_bytes"] < 2048 * 2**20
 
 
+def test_the_profiles_container_peers_are_those_that_run_in_a_container():
+    """docker.peers allows exactly the registered peers evaluate/container_peers.py runs (the
+    profile schema cannot import the peers: it sits below them)."""
+    from typing import get_args
+
+    from pipelines.evaluate.container_peers import IN_CONTAINER
+    from pipelines.peers import PEERS
+    from pipelines.runtime.runners.docker import Config
+
+    allowed = set(get_args(get_args(Config.model_fields["peers"].annotation)[0]))
+    assert allowed == set(IN_CONTAINER) and allowed <= set(PEERS)
+
+
 def test_a_peer_out_of_memory_or_failing_is_recorded_and_the_next_runs(monkeypatch):
     """(No container: the kill itself is the runner's, tested above with the compiled step; a
     PyTorch process in a tiny limit can thrash on its library's pages for minutes first.)"""
