@@ -7,7 +7,8 @@ fits at all: its verdict (ok / out_of_memory) and its process's peak, measured a
 step's are. Its first loss is checked against the host build's on the same batch; its step
 times are this machine's cores, labelled container. The TFLite peers' model is converted here
 and trained by LiteRT's interpreter in an image of LiteRT and numpy; ONNX Runtime's training
-artifacts are made here and run by its training API in an image of ONNX Runtime and numpy.
+artifacts are made here and run by its training API in an image of ONNX Runtime and numpy;
+ExecuTorch's program is made here and run by its runtime in the PyTorch image with ExecuTorch.
 A peer that cannot do the case (PEFT LoRA of a case without adapters, TFLite of a model other
 than MobileNetV2) is recorded as not run, with the reason.
 """
@@ -154,6 +155,18 @@ def _run_ort(peer, frozen, profile, model, signature, initial, optimizer, batch,
     return {**ran, **_trained(twin, names)}
 
 
+def _run_executorch(peer, frozen, profile, model, signature, initial, optimizer, batch, warmup,
+                    steps):
+    """An ExecuTorch training peer: its program made here (as an app's is, ahead of time), run
+    by ExecuTorch's runtime in the container (executorch_in_container.py)."""
+    from pipelines.peers.executorch_training import training_program
+    from pipelines.runtime.runners.docker import run_executorch_peer
+
+    program, twin, names = training_program(model, initial, signature, batch, frozen)
+    ran = run_executorch_peer(program, list(batch), optimizer, profile, warmup, steps)
+    return {**ran, **_trained(twin, names)}
+
+
 def _trained(twin, names: list[str]) -> dict:
     """What a peer whose script does not count it trains: ``names`` of ``twin``."""
     params = dict(twin.named_parameters())
@@ -165,4 +178,6 @@ def _trained(twin, names: list[str]) -> dict:
 IN_CONTAINER = {"torch_eager_full": (_run_pytorch, False),
                 "torch_eager_frozen": (_run_pytorch, True), "peft_lora": (_run_pytorch, None),
                 "tflite_full": (_run_tflite, False), "tflite_frozen": (_run_tflite, True),
-                "ort_training_full": (_run_ort, False), "ort_training_frozen": (_run_ort, True)}
+                "ort_training_full": (_run_ort, False), "ort_training_frozen": (_run_ort, True),
+                "executorch_full": (_run_executorch, False),
+                "executorch_frozen": (_run_executorch, True)}

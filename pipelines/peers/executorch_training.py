@@ -74,16 +74,15 @@ def _empty_permuted(size, physical_layout, **options):
         [physical_layout.index(axis) for axis in range(len(size))])
 
 
-def et_step(spec, signature, batch, frozen: bool):
-    """One ExecuTorch training step (forward and backward by its runtime, then its SGD) as a
-    callable returning the loss: every parameter trained, or with ``frozen`` the scheme's."""
+def training_program(model_section, initial: dict, signature: dict, batch, frozen: bool):
+    """The ExecuTorch program (``.pte`` bytes) of the case's twin from ``initial`` whose joint
+    graph computes its loss on ``batch`` and the gradients of what it trains (every parameter,
+    or with ``frozen`` the scheme's), and the twin with the names it trains."""
     import torch
     from executorch.exir import to_edge
-    from executorch.extension.training import (_load_for_executorch_for_training_from_buffer,
-                                               get_sgd_optimizer)
     from torch.export.experimental import _export_forward_backward
 
-    model, names = peer_twin(spec.model, spec.initial, signature, frozen)
+    model, names = peer_twin(model_section, initial, signature, frozen)
     refuse_training_norms(model)
     trained = set(names)
     for name, param in model.named_parameters():
@@ -93,9 +92,19 @@ def et_step(spec, signature, batch, frozen: bool):
                                    strict=False)
     joint = _export_forward_backward(exported).run_decompositions(
         {torch.ops.aten.empty_permuted.default: _empty_permuted})
-    program = to_edge(joint).to_executorch()
+    return to_edge(joint).to_executorch().buffer, model, names
+
+
+def et_step(spec, signature, batch, frozen: bool):
+    """One ExecuTorch training step (forward and backward by its runtime, then its SGD) as a
+    callable returning the loss: every parameter trained, or with ``frozen`` the scheme's."""
+    import torch
+    from executorch.extension.training import (_load_for_executorch_for_training_from_buffer,
+                                               get_sgd_optimizer)
+
     # The runtime reads the program where it lies: the bytes must outlive the module.
-    buffer = program.buffer
+    buffer = training_program(spec.model, spec.initial, signature, batch, frozen)[0]
+    data = tuple(torch.from_numpy(a) for a in batch)
     module = _load_for_executorch_for_training_from_buffer(buffer)
     module.forward_backward("forward", data)  # its parameters are known after a first call
     sgd = spec.optimizer

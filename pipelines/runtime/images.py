@@ -7,7 +7,8 @@ An image is a stack of layer tarballs:
 2. Python: the device's wheels of TVM and numpy at the versions installed here;
 3. for a package, the application (pipelines/runtime/package.py); for PyTorch's peers in a
    device's container, PyTorch's CPU wheel (``pytorch_layers``); for the TFLite peers, LiteRT's
-   (``litert_layers``); for ONNX Runtime's, its training wheel (``ort_layers``).
+   (``litert_layers``); for ONNX Runtime's, its training wheel (``ort_layers``); for
+   ExecuTorch's, its wheel over PyTorch's (``executorch_layers``).
 Every layer is a deterministic tar (sorted names, zero times and owners) and the image config
 has fixed times, so the image ID, the sha256 of the config, is a hash of the content: the same
 inputs give the same ID, and the tag is derived from it. A stage records the ID beside its DVC
@@ -48,6 +49,9 @@ PYTORCH_UNUSED = ["torch/include", "torch/test", "torch/share"]
 LITERT_WHEELS = ["ai-edge-litert", "numpy"]
 # ONNX Runtime training's API needs only its own wheel and numpy (runtime/ort_in_container.py)
 ORT_WHEELS = ["onnxruntime-training-cpu", "numpy"]
+# ExecuTorch's runtime binding takes PyTorch's tensors (and links its libraries); its package
+# imports, besides, these three (runtime/executorch_in_container.py)
+EXECUTORCH_WHEELS = ["executorch", "ruamel.yaml", "flatbuffers", "tabulate"]
 
 CACHE = Path(os.environ.get("POCKENGINE_CACHE", "~/.cache/pockengine")).expanduser() / "layers"
 ENGINE_HELP = ("start one as root: `dockerd --storage-driver=vfs --iptables=false --bridge=none &` "
@@ -242,6 +246,12 @@ def ort_layers(arch: str) -> list[Path]:
     an ONNX Runtime peer needs to train in a device's container (evaluate/container_peers.py)."""
     _known(arch)
     return [debian_layer(arch), python_layer(arch, ORT_WHEELS, "onnxruntime")]
+
+
+def executorch_layers(arch: str) -> list[Path]:
+    """PyTorch's layers and ExecuTorch's wheel, the versions installed here, no TVM: what an
+    ExecuTorch peer needs to train in a device's container (evaluate/container_peers.py)."""
+    return [*pytorch_layers(arch), python_layer(arch, EXECUTORCH_WHEELS, "executorch")]
 
 
 def image_config(arch: str, layers: list[Path], config: dict) -> bytes:

@@ -2,8 +2,8 @@
 network), running on_device.py in the runtime image (Debian, TVM, numpy: runtime/images.py). A
 step that does not fit the memory is killed as it would be on the device, and recorded as out
 of memory. Its step times are this machine's cores, labelled container. Peers
-(``docker.peers``) train the same case in the same limits, in the PyTorch image, LiteRT's or
-ONNX Runtime's (pipelines/evaluate/container_peers.py)."""
+(``docker.peers``) train the same case in the same limits, in the PyTorch image, LiteRT's,
+ONNX Runtime's or ExecuTorch's (pipelines/evaluate/container_peers.py)."""
 from __future__ import annotations
 
 import json
@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import PositiveFloat
 
-from pipelines.runtime.device_io import (ON_DEVICE, ORT_IN_CONTAINER, PEER_IN_CONTAINER,
-                                         SAMPLED_PEAK, TFLITE_IN_CONTAINER, libraries_beside,
-                                         read_outputs, save_inputs)
+from pipelines.runtime.device_io import (EXECUTORCH_IN_CONTAINER, ON_DEVICE, ORT_IN_CONTAINER,
+                                         PEER_IN_CONTAINER, SAMPLED_PEAK, TFLITE_IN_CONTAINER,
+                                         libraries_beside, read_outputs, save_inputs)
 from pipelines.schema import Strict
 
 SECTION = "docker"
@@ -30,11 +30,13 @@ class Config(Strict):
     """A profile's ``docker``: how long a container may run, and which peers train the case in
     the same limits after the compiled step (PyTorch eager full backpropagation; eager with the
     scheme's frozen layers frozen; PEFT LoRA, for a LoRA case; TFLite, full or frozen, for
-    MobileNetV2; ONNX Runtime training, full or frozen)."""
+    MobileNetV2; ONNX Runtime training, full or frozen; ExecuTorch training, full or frozen,
+    with SGD)."""
 
     timeout_s: PositiveFloat = 900
     peers: list[Literal["torch_eager_full", "torch_eager_frozen", "peft_lora", "tflite_full",
-                        "tflite_frozen", "ort_training_full", "ort_training_frozen"]] = []
+                        "tflite_frozen", "ort_training_full", "ort_training_frozen",
+                        "executorch_full", "executorch_frozen"]] = []
 
 
 def check(profile) -> None:
@@ -148,6 +150,18 @@ def run_ort_peer(artifacts: Path, args: list, lr: float, profile, warmup: int,
     return _run_script(profile, ort_layers, "onnxruntime", ORT_IN_CONTAINER,
                        {"artifacts": artifacts, "inputs.npz": _npz(args)},
                        [warmup, steps, profile.cores, lr])
+
+
+def run_executorch_peer(program: bytes, args: list, sgd, profile, warmup: int,
+                        steps: int) -> dict:
+    """executorch_in_container.py's results for ``program`` (an ExecuTorch training program)
+    on ``args`` (its inputs, the labels last) with ``sgd`` (a config's SGD), in the ExecuTorch
+    image in the profile's limits; raises images.OutOfMemory when it does not fit."""
+    from pipelines.runtime.images import executorch_layers
+
+    return _run_script(profile, executorch_layers, "executorch", EXECUTORCH_IN_CONTAINER,
+                       {"program.pte": program, "inputs.npz": _npz(args)},
+                       [warmup, steps, sgd.lr, sgd.momentum, sgd.weight_decay, sgd.nesterov])
 
 
 def _npz(arrays) -> bytes:
