@@ -2,6 +2,9 @@
 table, a case that failed on the GPU said so with its error, nothing dropped; each package's
 trial with both runners' figures, or why it did not run; a fine-tuned case's held-out score as
 its task reads it; the time from a model to its first step, phase by phase."""
+import pytest
+
+from pipelines.evaluate.device import peer_ratios
 from pipelines.evaluate.finetune import over_runs
 from pipelines.report.first_step import first_step_table
 from pipelines.report.plots import gpu_rows, gpu_svg, peer_rows
@@ -88,7 +91,7 @@ def test_a_device_run_shows_its_peak_or_that_it_did_not_fit():
     assert rows["q_full"].endswith("| docker |  | out of memory | over 8192 MiB |")
 
 
-def test_pytorch_in_the_device_container_shows_its_verdict_peak_and_loss():
+def test_pytorch_in_the_device_container_shows_its_verdict_peak_loss_and_ratios():
     built = {"library": "step.so", "library_bytes": 2**20, "links_on_device": False,
              "target": '{"kind":"llvm","mcpu":"x86-64-v3"}'}
     peers = {"torch_eager_full": {"verdict": "out_of_memory", "memory_mb": 8192.0},
@@ -99,15 +102,19 @@ def test_pytorch_in_the_device_container_shows_its_verdict_peak_and_loss():
     fits = {"ran": True, "verdict": "ok", "runner": "docker", "matches_host": True, "loss": 2.5,
             "loss_host": 2.5, "container": {"median_ms": 900.0}, "peak_rss_bytes": 3 * 2**30,
             "peers": peers}
+    fits.update(peer_ratios(fits))
+    assert fits["speedup_vs_torch_eager_frozen"] == pytest.approx(2500 / 900)
+    assert fits["memory_vs_torch_eager_frozen"] == pytest.approx(3 / 5)
+    assert "speedup_vs_torch_eager_full" not in fits  # out of memory: no ratio
     found = {"build": {"q_paper-board_8g": built}, "package": {},
              "benchmark": {"q_paper-board_8g": fits}}
     rows = [line for line in device_table(found) if line.startswith("| q_paper | board_8g | ")]
     assert rows[1:] == [
         "| q_paper | board_8g | torch_eager_full | out_of_memory | over 8192 MiB |  | out of "
-        "memory |",
+        "memory |  |",
         "| q_paper | board_8g | torch_eager_frozen | ok | 5120.00 MiB | matches (12.250000 vs "
-        "12.250000) | 2500.00 ms in a container |",
-        "| q_paper | board_8g | torch_eager_other | failed |  |  | RuntimeError: boom |"]
+        "12.250000) | 2500.00 ms in a container | 2.78x faster in 0.60x the memory |",
+        "| q_paper | board_8g | torch_eager_other | failed |  |  | RuntimeError: boom |  |"]
 
 
 def test_a_case_is_read_by_accuracy_or_a_language_model_by_perplexity():

@@ -37,7 +37,23 @@ def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple
 
         metrics["peers"] = run_peers(profile, peers, model, built.signature, initial,
                                      optimizer, batch, float(reference[0]), warmup, steps)
+        metrics.update(peer_ratios(metrics))
     return metrics
+
+
+def peer_ratios(metrics: dict) -> dict:
+    """The compiled step against each peer that ran beside it in the same container: its
+    speedup (the peer's step time over its own) and its memory (its peak over the peer's), as
+    evaluate@ names them."""
+    if metrics.get("verdict") != "ok":
+        return {}
+    ratios = {}
+    for peer, r in metrics["peers"].items():
+        if r["verdict"] == "ok":
+            ratios[f"speedup_vs_{peer}"] = (r["container"]["median_ms"]
+                                            / metrics["container"]["median_ms"])
+            ratios[f"memory_vs_{peer}"] = metrics["peak_rss_bytes"] / r["peak_rss_bytes"]
+    return ratios
 
 
 def _run_build(device: str, profile, built, initial: dict, batch: tuple,

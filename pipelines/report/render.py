@@ -215,7 +215,7 @@ def _target_name(target: str) -> str:
 def _container_peers_table(benchmarks: dict) -> list[str]:
     """Peers training the same case in the device's container after the compiled step
     (evaluate/container_peers.py): does the tool a user would pick instead fit?"""
-    rows = [(key, peer, r) for key, bench in benchmarks.items() if bench
+    rows = [(key, peer, r, bench) for key, bench in benchmarks.items() if bench
             for peer, r in bench.get("peers", {}).items()]
     if not rows:
         return []
@@ -224,18 +224,21 @@ def _container_peers_table(benchmarks: dict) -> list[str]:
              "Runtime's training artifacts and ExecuTorch's program made here; the same "
              "optimizer and trainable set as on the host):", "",
              "| case | device | peer | verdict | peak memory | first loss vs the host build | "
-             "step latency |", "|---|---|---|---|---|---|---|"]
-    for key, peer, r in rows:
+             "step latency | compiled step vs it |", "|---|---|---|---|---|---|---|---|"]
+    for key, peer, r, bench in rows:
         case, device = key.rsplit("-", 1)
         if r["verdict"] == "ok":
+            ratio = (f"{bench[f'speedup_vs_{peer}']:.2f}x faster in "
+                     f"{bench[f'memory_vs_{peer}']:.2f}x the memory"
+                     if f"speedup_vs_{peer}" in bench else "")
             cells = [_mib(r["peak_rss_bytes"]),
                      f"{'matches' if r['matches_host'] else 'DOES NOT MATCH'} ({r['loss']:.6f} "
                      f"vs {r['loss_host']:.6f})",
-                     f"{r['container']['median_ms']:.2f} ms in a container"]
+                     f"{r['container']['median_ms']:.2f} ms in a container", ratio]
         elif r["verdict"] == "out_of_memory":
-            cells = [f"over {r['memory_mb']:.0f} MiB", "", "out of memory"]
+            cells = [f"over {r['memory_mb']:.0f} MiB", "", "out of memory", ""]
         else:
-            cells = ["", "", r["reason"]]
+            cells = ["", "", r["reason"], ""]
         lines.append(f"| {case} | {device} | {peer} | {r['verdict']} | " + " | ".join(cells)
                      + " |")
     return lines
