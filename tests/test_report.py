@@ -113,7 +113,7 @@ def test_pytorch_in_the_device_container_shows_its_verdict_peak_loss_and_ratios(
         "| q_paper | board_8g | torch_eager_full | out_of_memory | over 8192 MiB |  | out of "
         "memory |  |",
         "| q_paper | board_8g | torch_eager_frozen | ok | 5120.00 MiB | matches (12.250000 vs "
-        "12.250000) | 2500.00 ms in a container | 2.78x faster in 0.60x the memory |",
+        "12.250000) | 2500.00 ms in a container | 2.78x the speed, 0.60x the memory |",
         "| q_paper | board_8g | torch_eager_other | failed |  |  | RuntimeError: boom |  |"]
 
 

@@ -228,7 +228,7 @@ def _container_peers_table(benchmarks: dict) -> list[str]:
     for key, peer, r, bench in rows:
         case, device = key.rsplit("-", 1)
         if r["verdict"] == "ok":
-            ratio = (f"{bench[f'speedup_vs_{peer}']:.2f}x faster in "
+            ratio = (f"{bench[f'speedup_vs_{peer}']:.2f}x the speed, "
                      f"{bench[f'memory_vs_{peer}']:.2f}x the memory"
                      if f"speedup_vs_{peer}" in bench else "")
             cells = [_mib(r["peak_rss_bytes"]),
