@@ -25,7 +25,6 @@ from pipelines.peers.pytorch import peer_twin
 from pipelines.runtime.agreement import RTOL
 
 
-
 class _WithLoss(torch.nn.Module):
     """The model and the task's loss, one module to export: called on the step's batch (the
     model's inputs, then the labels), it returns the loss."""

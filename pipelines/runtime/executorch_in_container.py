@@ -12,13 +12,12 @@ small packages (images.executorch_layers).
 """
 import json
 import sys
-import time
 
 import numpy as np
 import torch
 from executorch.extension.training import _load_for_executorch_for_training, get_sgd_optimizer
 
-from sampled_peak import SampledPeak
+from sampled_peak import SampledPeak, timed_steps
 
 
 def run(program: str, inputs: str, warmup: int, steps: int, sgd: tuple) -> dict:
@@ -29,15 +28,12 @@ def run(program: str, inputs: str, warmup: int, steps: int, sgd: tuple) -> dict:
     lr, momentum, weight_decay, nesterov = sgd
     optimizer = get_sgd_optimizer(module.named_parameters(), lr, momentum, 0.0, weight_decay,
                                   nesterov)
-    losses, times = [], []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
+
+    def step():
         loss = module.forward_backward("forward", args)[0]
         optimizer.step(module.named_gradients())
-        losses.append(float(loss))
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-    return {"losses": losses, "times_ms": times}
+        return loss
+    return timed_steps(step, warmup, steps)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,12 @@ ONNX Runtime training's wheel and numpy (images.ort_layers).
 import json
 import os
 import sys
-import time
 import types
 
 import numpy as np
 import onnxruntime
 
-from sampled_peak import SampledPeak
+from sampled_peak import SampledPeak, timed_steps
 
 # onnxruntime.training's own __init__ imports its PyTorch and ONNX integrations (ORTModule,
 # the artifact builder); its training API (api/) needs neither, so the package is entered
@@ -40,16 +39,13 @@ def run(artifacts: str, inputs: str, warmup: int, steps: int, threads: int, lr: 
     module.train()
     with np.load(inputs) as arrays:
         args = [arrays[name] for name in sorted(arrays.files)]
-    losses, times = [], []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
+
+    def step():
         loss = module(*args)
         optimizer.step()
         module.lazy_reset_grad()
-        losses.append(float(loss))
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-    return {"losses": losses, "times_ms": times}
+        return loss
+    return timed_steps(step, warmup, steps)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,11 @@ needs only TVM's runtime.
 """
 import json
 import sys
-import time
 
 import numpy as np
 import torch
 
-from sampled_peak import SampledPeak
+from sampled_peak import SampledPeak, timed_steps
 
 
 def run(program: str, plan_file: str, inputs: str, warmup: int, steps: int) -> dict:
@@ -38,21 +37,21 @@ def run(program: str, plan_file: str, inputs: str, warmup: int, steps: int) -> d
     optimizer = getattr(torch.optim, plan["optimizer"])(groups)
     with np.load(inputs) as arrays:
         args = [torch.from_numpy(arrays[name]) for name in sorted(arrays.files)]
-    losses, times = [], []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
+    checked = False
+
+    def step():
+        nonlocal checked
         optimizer.zero_grad(set_to_none=True)
         loss = module(*args)
         loss.backward()
-        if i == 0:  # an update that would skip a trained tensor is not the case's
+        if not checked:  # an update that would skip a trained tensor is not the case's
             untouched = [n for n, p in params.items() if p.requires_grad and p.grad is None]
             if untouched:
                 raise RuntimeError(f"trained parameters got no gradient: {untouched}")
+            checked = True
         optimizer.step()
-        losses.append(loss.item())
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-    return {"losses": losses, "times_ms": times, "trained": sum(len(g["params"]) for g in groups),
+        return loss.item()
+    return {**timed_steps(step, warmup, steps), "trained": sum(len(g["params"]) for g in groups),
             "trained_elements": sum(p.numel() for g in groups for p in g["params"])}
 
 

@@ -1,5 +1,6 @@
-"""The peak resident memory of this process, for the scripts that run a step off this process
-(on_device.py, peer_in_container.py), which carry this file beside them: standard library only.
+"""The peak resident memory of this process, and the peers' timed loop (``timed_steps``), for
+the scripts that run a step off this process (on_device.py, the *_in_container.py peers), which
+carry this file beside them: standard library only.
 
 The kernel's high-water mark (VmHWM, getrusage's ru_maxrss) is brought up to date when memory
 is unmapped, not when the kernel reclaims pages. Near a container's memory limit it reclaims the
@@ -10,6 +11,7 @@ of its maximum and the mark (which catches peaks shorter than a read).
 import os
 import resource
 import threading
+import time
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -46,3 +48,15 @@ class SampledPeak:
     @property
     def bytes(self) -> int:
         return max(self.sampled, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def timed_steps(step, warmup: int, steps: int) -> dict:
+    """``step()`` (one training step, returning its loss) run ``warmup + steps`` times: every
+    step's loss, and the times in ms of those after the warm-up."""
+    losses, times = [], []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        losses.append(float(step()))
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    return {"losses": losses, "times_ms": times}

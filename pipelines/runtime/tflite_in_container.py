@@ -9,25 +9,18 @@ wheel and numpy (images.litert_layers).
 """
 import json
 import sys
-import time
 
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
-from sampled_peak import SampledPeak
+from sampled_peak import SampledPeak, timed_steps
 
 
 def run(model: str, inputs: str, warmup: int, steps: int, threads: int) -> dict:
     train = Interpreter(model_path=model, num_threads=threads).get_signature_runner("train")
     with np.load(inputs) as arrays:
         args = {name: arrays[name] for name in arrays.files}
-    losses, times = [], []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        losses.append(float(train(**args)["loss"]))
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-    return {"losses": losses, "times_ms": times}
+    return timed_steps(lambda: train(**args)["loss"], warmup, steps)
 
 
 if __name__ == "__main__":
