@@ -41,7 +41,7 @@ from pipelines.training.graph import build_train_step, unreached_parameters
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import lr_scales, select
-from pipelines.transform import (BoolOpsAsInts, CollapseReshapes, FlattenTakeIndices,
+from pipelines.transform import (BoolOpsAsInts, ChunkLossRows, CollapseReshapes, FlattenTakeIndices,
                                  FoldConstantReshapes, FreezeStatistics, FrozenNormsElementwise,
                                  FuseSoftmaxCrossEntropy, IsolateGemms, LossGradientInPlace,
                                  MaxPoolGradInBounds, NonFiniteFills, PlainPowers,
@@ -138,11 +138,12 @@ def sparse_update(full: TrainingStep, rules: list, scheme_name: str) -> PrunedSt
 
 
 def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool,
-               update_in_place: bool) -> tvm.IRModule:
+               update_in_place: bool, loss_chunk_rows: int) -> tvm.IRModule:
     return tvm.transform.Sequential([
         ReorderUpdates() if reorder_updates else NOTHING,
         RecomputeActivations() if recompute else NOTHING,
         FuseSoftmaxCrossEntropy(),
+        ChunkLossRows(loss_chunk_rows),  # a frozen LM head's logits: one chunk of rows at a time
         IsolateGemms(),
         FoldConstantReshapes(),
         relax.transform.FoldConstant(),  # the gradient's exponent 2 - 1 becomes a constant
@@ -170,21 +171,25 @@ def plan(optimized: tvm.IRModule) -> dict:
 
 
 def optimize(pruned: PrunedStep, reorder_updates: bool = True, recompute: str = "never",
-             budgets: dict[str, float] | None = None, update_in_place: bool = True
-             ) -> OptimizedStep:
+             budgets: dict[str, float] | None = None, update_in_place: bool = True,
+             loss_chunk_rows: int = 0) -> OptimizedStep:
     """Phase 4 (and 5): the pruned step optimized and fused (target-independent), and its plan.
     ``recompute``: never, always, or auto: the step keeps its activations, and a twin that
     recomputes cheap ones is made too when the plan is over one of ``budgets`` (bytes, by
     device: the devices that build the case). ``update_in_place``: the state's new values
-    written over the old ones (transform/update_in_place.py)."""
-    step = _optimized(pruned.module, reorder_updates, recompute == "always", update_in_place)
+    written over the old ones (transform/update_in_place.py). ``loss_chunk_rows``: a frozen LM
+    head's logits and loss taken that many rows at a time (transform/chunk_loss_rows.py; 0:
+    all at once)."""
+    step = _optimized(pruned.module, reorder_updates, recompute == "always", update_in_place,
+                      loss_chunk_rows)
     in_place = signature_of(step).get("updated_in_place", [])
     planned = plan(step) | {"reorder_updates": reorder_updates, "updated_in_place": len(in_place),
                             "recomputed": recompute == "always", "recompute": None}
     twin = None
     over = [d for d, b in (budgets or {}).items() if planned["planned_peak_bytes"] > b]
     if recompute == "auto" and over:
-        twin = _optimized(pruned.module, reorder_updates, True, update_in_place)
+        twin = _optimized(pruned.module, reorder_updates, True, update_in_place,
+                          loss_chunk_rows)
         planned["recompute"] = plan(twin) | {"recomputed": True, "for": sorted(over)}
     return OptimizedStep(step, planned, twin)
 
@@ -265,7 +270,7 @@ def compile_to_plan(model, rules: list, optimizer, *, lora=None, weights: dict |
                     seed: int = 0, reorder_updates: bool = True, recompute: str = "never",
                     budgets: dict[str, float] | None = None, scheme_name: str = "scheme",
                     lowered: Lowered | None = None, update_in_place: bool = True,
-                    statistics: str = "trained_layers"
+                    loss_chunk_rows: int = 0, statistics: str = "trained_layers"
                     ) -> tuple[TrainingStep, PrunedStep, OptimizedStep]:
     """Phases 1 to 5 in memory: ``model`` (from ``lowered`` if given, else imported with
     ``weights``), the scheme's ``rules`` (and ``lora``, and its batch norms' ``statistics``),
@@ -274,7 +279,8 @@ def compile_to_plan(model, rules: list, optimizer, *, lora=None, weights: dict |
     lowered = lowered or import_and_lower(model, weights, seed)
     full = training_graph(lowered, optimizer, lora, seed, model.task, rules, statistics)
     pruned = sparse_update(full, rules, scheme_name)
-    return full, pruned, optimize(pruned, reorder_updates, recompute, budgets, update_in_place)
+    return full, pruned, optimize(pruned, reorder_updates, recompute, budgets, update_in_place,
+                                  loss_chunk_rows)
 
 
 def compile(model, rules: list, optimizer, profile, directory: Path, *, database=None,

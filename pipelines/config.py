@@ -139,6 +139,7 @@ class OptimizeOverride(Strict):
     reorder_updates: bool | None = None
     update_in_place: bool | None = None
     recompute: Literal["never", "auto", "always"] | None = None
+    loss_chunk_rows: NonNegativeInt | None = None
 
 
 class Case(Strict):
@@ -158,6 +159,7 @@ class Optimize(Strict):
     reorder_updates: bool
     update_in_place: bool
     recompute: Literal["never", "auto", "always"]
+    loss_chunk_rows: NonNegativeInt  # a frozen LM head's loss over chunks of rows; 0: whole
 
 
 Peer = Literal[tuple(PEERS)]  # pipelines/peers

@@ -69,6 +69,7 @@ class OptimizeInputs(Strict):
     reorder_updates: bool
     update_in_place: bool
     recompute: Literal["never", "auto", "always"]
+    loss_chunk_rows: int
     budgets: dict[str, float]  # bytes the step may plan for, by device that builds the case
 
 
@@ -133,6 +134,7 @@ def resolve(params: Params) -> dict[Path, str | bytes]:
             "optimize": OptimizeInputs(reorder_updates=settings.reorder_updates,
                                        update_in_place=settings.update_in_place,
                                        recompute=settings.recompute,
+                                       loss_chunk_rows=settings.loss_chunk_rows,
                                        budgets={d: profiles[d].budget_bytes for d in devices}),
             "evaluate": EvaluateInputs(case=name, model_name=case.model, model=model,
                                        scheme=case.scheme, optimizer_name=case.optimizer,

@@ -5,7 +5,9 @@ Every case of the experiment (full BP, the paper's transformer scheme, LoRA on q
 bias-only; AdamW) is built for the host and stepped 3 times beside PyTorch doing the same
 update: the losses within 1e-4 relative, frozen weights bit-identical, the trained set
 PyTorch's, and every trained tensor as close to PyTorch's in float64 as PyTorch's own float32
-step is.
+step is. A frozen head (every case but full BP) takes its logits and loss over chunks of 16
+rows here (optimize.loss_chunk_rows; transform/chunk_loss_rows.py), so those chunks are what
+is checked.
 
 Why against float64, and why on steady elements (docs/llm.md, "Parity at a reduced size", has
 the trace): AdamW steps each element by about lr * m / sqrt(v), a full step of the gradient's
@@ -34,6 +36,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from tvm import relax
 
 from conftest import assert_steps_match, compose_params, task_labels, twin_of
 
@@ -42,6 +45,7 @@ pytestmark = pytest.mark.slow
 REDUCED = {"num_hidden_layers": 2, "vocab_size": 4096}
 SEQUENCE = 32
 STEPS = 3
+CHUNK_ROWS = 16  # a frozen head's loss over chunks of rows (transform/chunk_loss_rows.py)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,8 @@ def llm():
     return compose_params("experiment=llm", *[
         f"+models.{model}.config.{key}={value}" for model in models
         for key, value in REDUCED.items()], *[
-        f"models.{model}.dims.sequence={SEQUENCE}" for model in models])
+        f"models.{model}.dims.sequence={SEQUENCE}" for model in models],
+        f"optimize.loss_chunk_rows={CHUNK_ROWS}")
 
 
 CASES = ["smollm_full", "smollm_paper", "smollm_lora", "qwen_full", "qwen_paper", "qwen_lora",
@@ -75,6 +80,13 @@ def test_each_llm_case_steps_like_pytorch_in_place(llm, build_case, case):
     moments = {n for n, info in signature["optimizer_state"].items() if info["param"]}
     assert set(signature["updated_in_place"]) >= set(signature["trainable"]) | moments
     assert compiled.plan["outputs_bytes"] <= 8  # scalars: the loss, AdamW's step count
+    # a frozen head's logits and loss one chunk of rows at a time; a trained head's all at once
+    head_trained = "model.embed_tokens.weight" in {
+        signature["source_names"][p] for p in signature["trainable"]}
+    losses = [b for b in compiled.optimized.module["train_step"].body.blocks[0].bindings
+              if isinstance(b.value, relax.Call) and "softmax_nll_loss" in str(b.value.args[0])]
+    rows = int(np.prod(signature["data_types"]["input_ids"]["shape"]))
+    assert len(losses) == (1 if head_trained else rows // CHUNK_ROWS)
     rng = np.random.default_rng(0)
     shape = signature["data_types"]["input_ids"]["shape"]
     batches = [(rng.integers(0, REDUCED["vocab_size"], shape).astype("int64"),

@@ -3,7 +3,7 @@ schedule pipelines/kernels/softmax_nll.py): autodiff's loss pattern becomes one 
 which computes PyTorch's loss (rtol 1e-6) and gradient (rtol 1e-5, atol 1e-7), ignored labels
 included; a pattern with another reader is left as it was. Where nothing reads the logits
 after it, the kernel writes their gradient over them (transform/loss_gradient_in_place.py) and
-computes the same. And each task's loss (pipelines/training/loss.py) through a whole step,
+computes the same; so does a frozen head taken over chunks of rows (transform/chunk_loss_rows.py). And each task's loss (pipelines/training/loss.py) through a whole step,
 against PyTorch's."""
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from pipelines.backend.cpu_schedules import schedule_cpu_kernels
 from pipelines.tasks import IGNORE_INDEX
 from pipelines.ir import signature_of, tensor_type, with_signature
 from pipelines.kernels.softmax_nll import LOSS_KERNEL
-from pipelines.transform import FuseSoftmaxCrossEntropy, LossGradientInPlace
+from pipelines.transform import ChunkLossRows, FuseSoftmaxCrossEntropy, LossGradientInPlace
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 
@@ -140,6 +140,42 @@ def test_the_logits_gradient_is_written_over_logits_nothing_reads_later(logits_r
     np.testing.assert_allclose(results[1].numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
     if logits_returned:  # the logits as they were: their gradient went to storage of its own
         np.testing.assert_allclose(results[2].numpy(), x @ w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows_per_chunk", [4, 5])
+def test_a_frozen_head_over_chunks_of_rows_computes_the_same(rows_per_chunk):
+    rows, features, classes = 10, 5, 40
+    fused, _ = fuse_losses(_logits_made_in_the_step(rows, features, classes, False))
+    step = LossGradientInPlace()(relax.transform.LegalizeOps()(ChunkLossRows(rows_per_chunk)(
+        fused)))
+    calls = [b.value.op.name for b in step["train_step"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call) and "softmax_nll_loss" in str(b.value.args[0])]
+    # one call a chunk (the last one shorter), each writing its gradient over its logits
+    assert calls == ["relax.call_tir_inplace"] * -(-rows // rows_per_chunk)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((rows, features)).astype("float32")
+    w = (rng.standard_normal((features, classes)) * 2).astype("float32")
+    labels = rng.integers(0, classes, rows)
+    labels[[2, 9]] = IGNORE_INDEX
+    loss, dx = _build(step)(*(tvm.runtime.tensor(a) for a in (x, w, labels, np.array(
+        np.float32(1.0)))))
+    whole = _build(LossGradientInPlace()(relax.transform.LegalizeOps()(fused)))(
+        *(tvm.runtime.tensor(a) for a in (x, w, labels, np.array(np.float32(1.0)))))
+    np.testing.assert_allclose(loss.numpy(), whole[0].numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(dx.numpy(), whole[1].numpy())  # the same scale, row by row
+    tx = torch.tensor(x, requires_grad=True)
+    want = torch.nn.functional.cross_entropy(tx @ torch.tensor(w), torch.tensor(labels),
+                                             ignore_index=IGNORE_INDEX)
+    want.backward()
+    np.testing.assert_allclose(loss.numpy(), want.item(), rtol=1e-6)
+    np.testing.assert_allclose(dx.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_head_whose_logits_are_read_again_or_that_fits_one_chunk_stays_as_it_was():
+    fused, _ = fuse_losses(_logits_made_in_the_step(10, 5, 40, logits_returned=True))
+    assert ChunkLossRows(4)(fused).same_as(fused)  # the logits are read again
+    fused, _ = fuse_losses(_logits_made_in_the_step(10, 5, 40, logits_returned=False))
+    assert ChunkLossRows(10)(fused).same_as(fused) and ChunkLossRows(0)(fused).same_as(fused)
 
 
 @pytest.mark.parametrize("task,entry", [("causal_lm", "token_logits"),

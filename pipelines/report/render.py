@@ -70,7 +70,8 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
             continue
         speed, tuned = row.get("speed"), row.get("finetune")
         optimize = case.get("optimize") or {}
-        variant = ", ".join(f"{k}={v}" for k, v in optimize.items()) or "default"
+        variant = ", ".join(f"{k}={v}" for k, v in optimize.items()
+                            if v is not None) or "default"
         if speed:
             compiled = speed["compiled"]
             unit = "tokens" if "tokens_per_s" in compiled else "examples"

@@ -2,6 +2,7 @@
 them in order. Each docstring opens with the rewrite it does and shows the IR before and after.
 """
 from pipelines.transform.bool_ops_as_ints import BoolOpsAsInts
+from pipelines.transform.chunk_loss_rows import ChunkLossRows
 from pipelines.transform.collapse_reshapes import CollapseReshapes
 from pipelines.transform.empty_constants import EmptyConstantsAsZeros
 from pipelines.transform.fold_constant_reshapes import FoldConstantReshapes
@@ -21,7 +22,7 @@ from pipelines.transform.slice_channels import SliceChannelUpdates
 from pipelines.transform.split_as_slices import SplitAsSlices
 from pipelines.transform.update_in_place import UpdateInPlace
 
-__all__ = ["BoolOpsAsInts", "CollapseReshapes", "EmptyConstantsAsZeros", "FlattenTakeIndices",
+__all__ = ["BoolOpsAsInts", "ChunkLossRows", "CollapseReshapes", "EmptyConstantsAsZeros", "FlattenTakeIndices",
            "FoldConstantReshapes", "FreezeStatistics", "FrozenNormsElementwise",
            "FuseSoftmaxCrossEntropy", "IsolateGemms", "LossGradientInPlace", "MaxPoolGradInBounds",
            "NonFiniteFills", "PlainPowers", "PruneFrozenUpdates", "RecomputeActivations",
