@@ -145,11 +145,14 @@ class _ChunkedHead(relax.PyExprMutator):
             fused = emit(relax.call_tir(kernels[end - start], [z, rows_of(y), g],
                                         [chunk_type, relax.TensorType([], "float32")]),
                          "softmax_nll_loss")
-            losses.append(emit(relax.TupleGetItem(fused, 1)))
+            losses.append(fused)
             gradients.append(emit(op.matmul(emit(relax.TupleGetItem(fused, 0)), w)))
-        total = losses[0]
-        for partial in losses[1:]:
-            total = emit(op.add(total, partial))
+        # The partial losses read after every chunk: FuseOps emits a fused group where its
+        # first binding stood, with all it reads before it, so a sum read as the chunks go
+        # would pull every chunk's logits ahead of the first chunk's product back.
+        total = emit(relax.TupleGetItem(losses[0], 1))
+        for fused in losses[1:]:
+            total = emit(op.add(total, emit(relax.TupleGetItem(fused, 1))))
         if head["reduction"] == "mean":
             total = emit(op.divide(total, count))
         # the original vars, bound here: whatever read them reads the chunks' results
