@@ -59,9 +59,13 @@ def lifetimes(bindings: list[relax.Binding], results: list[relax.Var]
     for i, b in enumerate(bindings):
         value = b.value
         used = [v for v in uses(value) if v in roots]
-        for v in used:
-            for root in roots[v]:
-                span[root][1] = i
+        # a tuple's field read alone reads only that field's storage (the loss's, not the
+        # logits' a fused loss call also returns)
+        read = (fields[value.tuple_value][value.index]
+                if isinstance(value, relax.TupleGetItem) and value.tuple_value in fields
+                else set().union(*(roots[v] for v in used)))
+        for root in read:
+            span[root][1] = i
         if b.var in planned:
             roots[b.var], span[b.var] = {b.var}, [i, i]
         elif isinstance(value, relax.TupleGetItem) and value.tuple_value in fields:
