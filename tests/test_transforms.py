@@ -468,7 +468,7 @@ def test_update_in_place_writes_every_update_over_its_state_with_the_same_values
     and after a call the tensors passed in hold the new values."""
     from pipelines.compile import _optimized, plan
 
-    fresh, in_place = (_optimized(every, True, False, flag) for flag in (False, True))
+    fresh, in_place = (_optimized(every, True, False, flag, 0) for flag in (False, True))
     sig = signature_of(in_place)
     state = [n.removeprefix("new_") for n in sig["outputs"][1:] if n != "new_optimizer_lr"]
     assert sorted(sig["updated_in_place"]) == sorted(state)
