@@ -41,12 +41,13 @@ from pipelines.training.graph import build_train_step, unreached_parameters
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config
 from pipelines.training.scheme import lr_scales, select
-from pipelines.transform import (BoolOpsAsInts, ChunkLossRows, CollapseReshapes, FlattenTakeIndices,
-                                 FoldConstantReshapes, FreezeStatistics, FrozenNormsElementwise,
-                                 FuseSoftmaxCrossEntropy, IsolateGemms, LossGradientInPlace,
-                                 MaxPoolGradInBounds, NonFiniteFills, PlainPowers,
-                                 PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
-                                 SliceChannelUpdates, SplitAsSlices, UpdateInPlace)
+from pipelines.transform import (BoolOpsAsInts, ChunkLossRows, CollapseReshapes,
+                                 FlattenTakeIndices, FoldConstantReshapes, FreezeStatistics,
+                                 FrozenNormsElementwise, FuseSoftmaxCrossEntropy, IsolateGemms,
+                                 LossGradientInPlace, MaxPoolGradInBounds, NonFiniteFills,
+                                 PlainPowers, PruneFrozenUpdates, RecomputeActivations,
+                                 ReorderUpdates, SliceChannelUpdates, SplitAsSlices,
+                                 UpdateInPlace)
 from pipelines.transform.freeze_statistics import norm_scales
 
 NOTHING = tvm.transform.Sequential([])  # an optional pass that is off keeps its place

@@ -3,8 +3,9 @@ schedule pipelines/kernels/softmax_nll.py): autodiff's loss pattern becomes one 
 which computes PyTorch's loss (rtol 1e-6) and gradient (rtol 1e-5, atol 1e-7), ignored labels
 included; a pattern with another reader is left as it was. Where nothing reads the logits
 after it, the kernel writes their gradient over them (transform/loss_gradient_in_place.py) and
-computes the same; so does a frozen head taken over chunks of rows (transform/chunk_loss_rows.py). And each task's loss (pipelines/training/loss.py) through a whole step,
-against PyTorch's."""
+computes the same; so does a frozen head taken over chunks of rows
+(transform/chunk_loss_rows.py). And each task's loss (pipelines/training/loss.py) through a
+whole step, against PyTorch's."""
 import numpy as np
 import pytest
 import torch

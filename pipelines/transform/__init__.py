@@ -22,8 +22,9 @@ from pipelines.transform.slice_channels import SliceChannelUpdates
 from pipelines.transform.split_as_slices import SplitAsSlices
 from pipelines.transform.update_in_place import UpdateInPlace
 
-__all__ = ["BoolOpsAsInts", "ChunkLossRows", "CollapseReshapes", "EmptyConstantsAsZeros", "FlattenTakeIndices",
-           "FoldConstantReshapes", "FreezeStatistics", "FrozenNormsElementwise",
-           "FuseSoftmaxCrossEntropy", "IsolateGemms", "LossGradientInPlace", "MaxPoolGradInBounds",
-           "NonFiniteFills", "PlainPowers", "PruneFrozenUpdates", "RecomputeActivations",
-           "ReorderUpdates", "SliceChannelUpdates", "SplitAsSlices", "UpdateInPlace"]
+__all__ = ["BoolOpsAsInts", "ChunkLossRows", "CollapseReshapes", "EmptyConstantsAsZeros",
+           "FlattenTakeIndices", "FoldConstantReshapes", "FreezeStatistics",
+           "FrozenNormsElementwise", "FuseSoftmaxCrossEntropy", "IsolateGemms",
+           "LossGradientInPlace", "MaxPoolGradInBounds", "NonFiniteFills", "PlainPowers",
+           "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates",
+           "SplitAsSlices", "UpdateInPlace"]

@@ -38,7 +38,7 @@ import tvm
 from tvm import relax
 
 from pipelines.analysis.liveness import block_of, uses
-from pipelines.ir import op_name, shape_of, with_attrs_of
+from pipelines.ir import dtype_of, op_name, shape_of, with_attrs_of
 from pipelines.kernels.softmax_nll import IGNORE_ATTR, LOSS_KERNEL, softmax_nll_loss_kernel
 
 
@@ -128,9 +128,9 @@ class _ChunkedHead(relax.PyExprMutator):
         h, wt, w, y, g = (self.visit_expr(head[k]) for k in ("h", "wt", "w", "labels", "adjoint"))
         rows, vocab, ignore = head["rows"], head["vocab"], head["ignore_index"]
         if head["reduction"] == "mean":  # the rows the loss counts, as the fused kernel does
-            kept = op.logical_and(op.not_equal(y, relax.const(ignore, "int64")), op.logical_and(
-                op.greater_equal(y, relax.const(0, "int64")),
-                op.less(y, relax.const(vocab, "int64"))))
+            label = lambda c: relax.const(c, dtype_of(y))  # noqa: E731
+            kept = op.logical_and(op.not_equal(y, label(ignore)), op.logical_and(
+                op.greater_equal(y, label(0)), op.less(y, label(vocab))))
             count = emit(op.sum(op.astype(kept, "float32")), "loss_count")
             g = emit(op.divide(g, count), "loss_scale")
         kernels, losses, gradients = {}, [], []
