@@ -11,6 +11,8 @@ The step is one dataflow block. Bindings are classified by structure, not by nam
 """
 from __future__ import annotations
 
+from collections import defaultdict
+
 from tvm import relax
 
 from pipelines.ir import nbytes
@@ -27,6 +29,15 @@ def uses(expr) -> list[relax.Var]:
     found = []
     relax.analysis.post_order_visit(expr, lambda e: found.append(e)
                                     if isinstance(e, relax.Var) else None)
+    return found
+
+
+def readers(bindings) -> dict[relax.Var, list[relax.Var]]:
+    """Var -> the binding vars whose values read it (empty for a var nothing reads)."""
+    found = defaultdict(list)
+    for b in bindings:
+        for used in uses(b.value):
+            found[used].append(b.var)
     return found
 
 

@@ -32,12 +32,10 @@ After (chunks of ``rows_per_chunk`` rows)::
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 import tvm
 from tvm import relax
 
-from pipelines.analysis.liveness import block_of, uses
+from pipelines.analysis.liveness import block_of, readers, uses
 from pipelines.ir import dtype_of, op_name, shape_of, with_attrs_of
 from pipelines.kernels.softmax_nll import IGNORE_ATTR, LOSS_KERNEL, softmax_nll_loss_kernel
 
@@ -47,15 +45,12 @@ def _loss_heads(mod: tvm.IRModule, func: relax.Function, rows_per_chunk: int) ->
     bindings = block_of(func).bindings
     position = {b.var: n for n, b in enumerate(bindings)}
     value = {b.var: b.value for b in bindings}
-    users = defaultdict(list)
-    for b in bindings:
-        for used in uses(b.value):
-            users[used].append(b.var)
+    users = readers(bindings)
     returned = set(uses(func.body.body))
 
     def single_reader(var):
-        readers = users[var]
-        return readers[0] if len(readers) == 1 and var not in returned else None
+        reading = users[var]
+        return reading[0] if len(reading) == 1 and var not in returned else None
 
     def through_reshapes(var, backwards: bool):
         """``var`` followed through reshapes that only pass it on: (the end, what they were)."""

@@ -24,12 +24,10 @@ After::
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 import tvm
 from tvm import relax
 
-from pipelines.analysis.liveness import block_of, uses
+from pipelines.analysis.liveness import block_of, readers, uses
 from pipelines.ir import op_name as _op, static_float32_shape as _static, with_attrs_of
 from pipelines.kernels.softmax_nll import softmax_nll_loss_kernel
 
@@ -44,17 +42,14 @@ def fused_losses(func: relax.Function) -> dict[relax.Var, dict]:
     bindings = block_of(func).bindings
     position = {b.var: n for n, b in enumerate(bindings)}
     value = {b.var: b.value for b in bindings}
-    users = defaultdict(list)  # var -> the binding vars that read it
-    for b in bindings:
-        for used in uses(b.value):
-            users[used].append(b.var)
+    users = readers(bindings)
     returned = set(uses(func.body.body))
 
     def only_reader(var, op):
-        readers = users[var]
-        if len(readers) != 1 or var in returned or _op(value[readers[0]]) != op:
+        reading = users[var]
+        if len(reading) != 1 or var in returned or _op(value[reading[0]]) != op:
             return None
-        return readers[0]
+        return reading[0]
 
     found = {}
     for b in bindings:
@@ -64,11 +59,11 @@ def fused_losses(func: relax.Function) -> dict[relax.Var, dict]:
         shape = _static(z)
         if shape is None or len(shape) != 2 or int(b.value.attrs.axis) not in (-1, 1):
             continue
-        readers = {_op(value[v]): v for v in users[b.var]}
-        if len(users[b.var]) != 3 or set(readers) != {
+        by_op = {_op(value[v]): v for v in users[b.var]}
+        if len(users[b.var]) != 3 or set(by_op) != {
                 "relax.nn.nll_loss", "relax.grad.nll_loss_backward", "relax.exp"}:
             continue
-        loss, dp, exp = (readers[op] for op in (
+        loss, dp, exp = (by_op[op] for op in (
             "relax.nn.nll_loss", "relax.grad.nll_loss_backward", "relax.exp"))
         forward, backward = value[loss], value[dp]
         y = forward.args[1]
