@@ -7,8 +7,9 @@ images that ship it (pipelines/runtime/package.py).
   1e-6);
 - a profile with too little memory is killed for memory, which the runner reports as such and
   the benchmark stage (pipelines/evaluate/device.py) records as a verdict;
-- PyTorch's peers train the same case in the device's container (the PyTorch image): three
-  steps' losses equal eager PyTorch's here (rel 1e-5), the trained set the same size; so do
+- PyTorch's peers train the same case in the device's container (the PyTorch image; for
+  torch.compile, with g++ and the headers): three steps' losses equal eager PyTorch's here
+  (rel 1e-5), the trained set the same size; so do
   the TFLite, ONNX Runtime and ExecuTorch peers (converted here, run by LiteRT's interpreter,
   ONNX Runtime's training API or ExecuTorch's runtime in an image of their own); one that is
   killed for memory, or fails,
@@ -118,12 +119,19 @@ def test_too_little_memory_is_reported_as_out_of_memory(client, host_step, edge_
     assert result["memory_mb"] == 48 and "memory_mb=48" in result["reason"]
 
 
+# PyTorch's peers in the container: whether each trains the scheme's frozen layers frozen, and
+# its image (torch.compile's has g++ and the headers its kernels compile against)
+PYTORCH_PEERS = [("torch_eager_full", False, "pytorch"), ("torch_eager_frozen", True, "pytorch"),
+                 ("torch_compile_full", False, "pytorch-compile")]
+
+
 @pytest.mark.slow
 def test_pytorch_peers_train_in_the_container_as_on_the_host(client, params, host_step,
                                                              edge_build):
     """PyTorch's peers in the device's limits do the host's update: three steps' losses within
-    1e-5 of eager PyTorch's here (full backpropagation, and the scheme's frozen layers frozen),
-    the first within 1e-4 of the compiled step's."""
+    1e-5 of eager PyTorch's here (full backpropagation, eager and compiled by torch.compile in
+    the container, and the scheme's frozen layers frozen), the first within 1e-4 of the
+    compiled step's."""
     from pipelines.evaluate.device import run_on_device
     from pipelines.frontends.twin import torch_twin
     from pipelines.models.pytorch import lr_scales_of, make_optimizer, selection_of, train_step
@@ -133,14 +141,15 @@ def test_pytorch_peers_train_in_the_container_as_on_the_host(client, params, hos
     batch = _batches(8)
     local = CompiledStep(host_step.directory, host_step.initial)
     want = [o.numpy() for o in local.function(*local.arguments(*batch))]
-    peers = {"docker": {"peers": ["torch_eager_full", "torch_eager_frozen"]}}
+    peers = {"docker": {"peers": [peer for peer, _, _ in PYTORCH_PEERS]}}
     result = run_on_device("edge_x86", load_profile("edge_x86", {"edge_x86": peers}),
                            edge_build, host_step.initial, batch, want, warmup=2, steps=1,
                            model=model, optimizer=OPT)
     signature = host_step.signature
-    for peer, frozen in (("torch_eager_full", False), ("torch_eager_frozen", True)):
+    for peer, frozen, image in PYTORCH_PEERS:
         got = result["peers"][peer]
         assert got["verdict"] == "ok" and got["matches_host"], got
+        assert got["image"].startswith(f"pockengine/{image}-amd64:"), peer
         twin = torch_twin(model, signature, host_step.initial, adapters=frozen)
         update = (make_optimizer(twin, OPT, list(selection_of(signature)),
                                  lr_scales_of(signature)) if frozen

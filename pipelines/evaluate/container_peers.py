@@ -1,6 +1,7 @@
 """Peers in a device's container (a docker profile's ``docker.peers``). PyTorch's: the case's
 PyTorch twin from the step's initial values (for PEFT LoRA, the plain twin with PEFT's
-adapters), exported with its loss by torch.export, trained in the PyTorch image in the same core
+adapters), exported with its loss by torch.export (for ``torch.compile``, compiled there by
+Inductor, in an image with g++ and the headers it needs), trained in the PyTorch image in the same core
 and memory limits as the compiled step (runners/docker.py), with the optimizer and trainable set
 the peer has on the host (pipelines/peers). On an 8 GiB board the question is whether the step
 fits at all: its verdict (ok / out_of_memory) and its process's peak, measured as the compiled
@@ -71,7 +72,7 @@ def export_peer(peer: str, model, signature: dict, initial: dict, optimizer, bat
     program = torch.export.export(wrapped, tuple(torch.from_numpy(np.ascontiguousarray(a))
                                                  for a in batch))
     torch.export.save(program, out)
-    return optimizer_plan(wrapped, update)
+    return {**optimizer_plan(wrapped, update), "compile": peer in COMPILED}
 
 
 def run_peers(profile, peers: list[str], model, signature: dict, initial: dict, optimizer,
@@ -172,10 +173,13 @@ def _trained(twin, names: list[str]) -> dict:
     return {"trained": len(names), "trained_elements": sum(params[n].numel() for n in names)}
 
 
+# The PyTorch peers whose exported program torch.compile compiles in the container
+COMPILED = {"torch_compile_full"}
 # The peers that train in a container: what runs each, and whether it trains the scheme's model
 # with its frozen layers frozen (None: PEFT's adapters on the plain model).
 IN_CONTAINER = {"torch_eager_full": (_run_pytorch, False),
-                "torch_eager_frozen": (_run_pytorch, True), "peft_lora": (_run_pytorch, None),
+                "torch_eager_frozen": (_run_pytorch, True),
+                "torch_compile_full": (_run_pytorch, False), "peft_lora": (_run_pytorch, None),
                 "tflite_full": (_run_tflite, False), "tflite_frozen": (_run_tflite, True),
                 "ort_training_full": (_run_ort, False), "ort_training_frozen": (_run_ort, True),
                 "executorch_full": (_run_executorch, False),

@@ -6,7 +6,9 @@ An image is a stack of layer tarballs:
    bytes;
 2. Python: the device's wheels of TVM and numpy at the versions installed here;
 3. for a package, the application (pipelines/runtime/package.py); for PyTorch's peers in a
-   device's container, PyTorch's CPU wheel (``pytorch_layers``); for the TFLite peers, LiteRT's
+   device's container, PyTorch's CPU wheel (``pytorch_layers``; for ``torch.compile``'s, over a
+   Debian with g++ and Python's headers, and with PyTorch's own: ``torch_compile_layers``); for
+   the TFLite peers, LiteRT's
    (``litert_layers``); for ONNX Runtime's, its training wheel (``ort_layers``); for
    ExecuTorch's, its wheel over PyTorch's (``executorch_layers``).
 Every layer is a deterministic tar (sorted names, zero times and owners) and the image config
@@ -45,6 +47,11 @@ from pipelines.runtime.emulation import (ARCHITECTURES, DEBIAN, WHEELS, debian_c
 PYTORCH_WHEELS = ["torch", "numpy", "typing_extensions", "filelock", "fsspec", "jinja2",
                   "markupsafe", "networkx", "sympy", "mpmath", "setuptools"]
 PYTORCH_UNUSED = ["torch/include", "torch/test", "torch/share"]
+# torch.compile's Inductor writes its CPU kernels in C++ and compiles them when the step first
+# runs: g++ (with OpenMP's libgomp) against Python's headers and PyTorch's (torch/include, a
+# layer of its own over PyTorch's, so the wheel's layer is the same file as the eager peers')
+TORCH_COMPILE_DEBIAN = [*DEBIAN, "g++", "python3-dev"]
+PYTORCH_HEADERS = "torch/include"
 # LiteRT's interpreter imports only itself and numpy, for the TFLite peers' image
 LITERT_WHEELS = ["ai-edge-litert", "numpy"]
 # ONNX Runtime training's API needs only its own wheel and numpy (runtime/ort_in_container.py)
@@ -232,6 +239,28 @@ def pytorch_layers(arch: str) -> list[Path]:
     _known(arch)
     return [debian_layer(arch),
             python_layer(arch, PYTORCH_WHEELS, "pytorch", PYTORCH_UNUSED)]
+
+
+def headers_layer(arch: str, wheel: str = "torch", directory: str = PYTORCH_HEADERS) -> Path:
+    """``directory`` of the device's ``wheel`` (the version installed here) under SITE, alone:
+    what python_layer leaves out as ``unused``."""
+    def make(path: Path) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            site = Path(tmp)
+            install_wheels(arch, site, [wheel])
+            with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+                add_tree(tar, site / directory, f"{SITE}/{directory}")
+
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return _cached(f"headers-{arch}-{_key(python, wheel, version(wheel), directory)}.tar", make)
+
+
+def torch_compile_layers(arch: str) -> list[Path]:
+    """A Debian with g++ and Python's headers, PyTorch's layer and its headers: what a
+    ``torch.compile`` peer needs to compile its kernels and train in a device's container."""
+    _known(arch)
+    return [debian_layer(arch, TORCH_COMPILE_DEBIAN),
+            python_layer(arch, PYTORCH_WHEELS, "pytorch", PYTORCH_UNUSED), headers_layer(arch)]
 
 
 def litert_layers(arch: str) -> list[Path]:

@@ -5,7 +5,9 @@ this file, as for on_device.py).
 
 Usage: python peer_in_container.py PROGRAM.pt2 PLAN.json INPUTS.npz OUTPUT.json WARMUP STEPS
 PLAN.json: {"optimizer": a torch.optim class, "groups": [{"params": [[name, ...], ...], its
-settings}]}, each trained parameter by its names (a tied one has several: the module torch.export
+settings}], "compile": whether torch.compile compiles the forward and backward (Inductor: its
+C++ kernels compiled in the first warm-up step, as on the host)}, each trained parameter by its
+names (a tied one has several: the module torch.export
 gives back holds one parameter per name, sharing storage, and its graph reads one of them, which
 is the one trained); every other parameter is frozen. INPUTS.npz: the program's arguments in
 call order (arg_000, ...). Needs only PyTorch and numpy (images.pytorch_layers), as on_device.py
@@ -37,12 +39,13 @@ def run(program: str, plan_file: str, inputs: str, warmup: int, steps: int) -> d
     optimizer = getattr(torch.optim, plan["optimizer"])(groups)
     with np.load(inputs) as arrays:
         args = [torch.from_numpy(arrays[name]) for name in sorted(arrays.files)]
+    forward = torch.compile(module) if plan.get("compile") else module
     checked = False
 
     def step():
         nonlocal checked
         optimizer.zero_grad(set_to_none=True)
-        loss = module(*args)
+        loss = forward(*args)
         loss.backward()
         if not checked:  # an update that would skip a trained tensor is not the case's
             untouched = [n for n, p in params.items() if p.requires_grad and p.grad is None]

@@ -2,7 +2,8 @@
 network), running on_device.py in the runtime image (Debian, TVM, numpy: runtime/images.py). A
 step that does not fit the memory is killed as it would be on the device, and recorded as out
 of memory. Its step times are this machine's cores, labelled container. Peers
-(``docker.peers``) train the same case in the same limits, in the PyTorch image, LiteRT's,
+(``docker.peers``) train the same case in the same limits, in the PyTorch image (with a C++
+compiler for ``torch.compile``), LiteRT's,
 ONNX Runtime's or ExecuTorch's (pipelines/evaluate/container_peers.py)."""
 from __future__ import annotations
 
@@ -29,12 +30,13 @@ LABEL = "container"
 class Config(Strict):
     """A profile's ``docker``: how long a container may run, and which peers train the case in
     the same limits after the compiled step (PyTorch eager full backpropagation; eager with the
-    scheme's frozen layers frozen; PEFT LoRA, for a LoRA case; TFLite, full or frozen, for
+    scheme's frozen layers frozen; ``torch.compile`` full backpropagation; PEFT LoRA, for a LoRA case; TFLite, full or frozen, for
     MobileNetV2; ONNX Runtime training, full or frozen; ExecuTorch training, full or frozen,
     with SGD)."""
 
     timeout_s: PositiveFloat = 900
-    peers: list[Literal["torch_eager_full", "torch_eager_frozen", "peft_lora", "tflite_full",
+    peers: list[Literal["torch_eager_full", "torch_eager_frozen", "torch_compile_full",
+                        "peft_lora", "tflite_full",
                         "tflite_frozen", "ort_training_full", "ort_training_frozen",
                         "executorch_full", "executorch_frozen"]] = []
 
@@ -120,10 +122,13 @@ def _run_script(profile, layers, name: str, script: Path, files: dict, arguments
 def run_peer(program: Path, plan: dict, args: list, profile, warmup: int, steps: int) -> dict:
     """peer_in_container.py's results for ``program`` (the model and its loss, saved by
     torch.export) trained as ``plan`` says on ``args``, in the PyTorch image in the profile's
-    limits; raises images.OutOfMemory when it does not fit."""
-    from pipelines.runtime.images import pytorch_layers
+    limits (with g++ and the headers where the plan compiles the step); raises
+    images.OutOfMemory when it does not fit."""
+    from pipelines.runtime.images import pytorch_layers, torch_compile_layers
 
-    return _run_script(profile, pytorch_layers, "pytorch", PEER_IN_CONTAINER,
+    layers, name = ((torch_compile_layers, "pytorch-compile") if plan.get("compile")
+                    else (pytorch_layers, "pytorch"))
+    return _run_script(profile, layers, name, PEER_IN_CONTAINER,
                        {"program.pt2": program, "plan.json": json.dumps(plan).encode(),
                         "inputs.npz": _npz(args)}, [warmup, steps])
 
