@@ -49,8 +49,9 @@ PYTORCH_WHEELS = ["torch", "numpy", "typing_extensions", "filelock", "fsspec", "
 PYTORCH_UNUSED = ["torch/include", "torch/test", "torch/share"]
 # torch.compile's Inductor writes its CPU kernels in C++ and compiles them when the step first
 # runs: g++ (with OpenMP's libgomp) against Python's headers and PyTorch's (torch/include, a
-# layer of its own over PyTorch's, so the wheel's layer is the same file as the eager peers')
-TORCH_COMPILE_DEBIAN = [*DEBIAN, "g++", "python3-dev"]
+# layer of its own over PyTorch's, so the wheel's layer is the same file as the eager peers');
+# it keys its kernel cache by a checksum of the preprocessed headers that it asks openssl for
+TORCH_COMPILE_DEBIAN = [*DEBIAN, "g++", "python3-dev", "openssl"]
 PYTORCH_HEADERS = "torch/include"
 # LiteRT's interpreter imports only itself and numpy, for the TFLite peers' image
 LITERT_WHEELS = ["ai-edge-litert", "numpy"]
