@@ -1,17 +1,17 @@
 """Peers in a device's container (a docker profile's ``docker.peers``). PyTorch's: the case's
 PyTorch twin from the step's initial values (for PEFT LoRA, the plain twin with PEFT's
 adapters), exported with its loss by torch.export (for ``torch.compile``, compiled there by
-Inductor, in an image with g++ and the headers it needs), trained in the PyTorch image in the same core
-and memory limits as the compiled step (runners/docker.py), with the optimizer and trainable set
-the peer has on the host (pipelines/peers). On an 8 GiB board the question is whether the step
-fits at all: its verdict (ok / out_of_memory) and its process's peak, measured as the compiled
-step's are. Its first loss is checked against the host build's on the same batch; its step
-times are this machine's cores, labelled container. The TFLite peers' model is converted here
-and trained by LiteRT's interpreter in an image of LiteRT and numpy; ONNX Runtime's training
-artifacts are made here and run by its training API in an image of ONNX Runtime and numpy;
-ExecuTorch's program is made here and run by its runtime in the PyTorch image with ExecuTorch.
-A peer that cannot do the case (PEFT LoRA of a case without adapters, TFLite of a model other
-than MobileNetV2) is recorded as not run, with the reason.
+Inductor, in an image with g++ and the headers it needs), trained in the PyTorch image in the
+same core and memory limits as the compiled step (runners/docker.py), with the optimizer and
+trainable set the peer has on the host (pipelines/peers). On an 8 GiB board the question is
+whether the step fits at all: its verdict (ok / out_of_memory) and its process's peak, measured
+as the compiled step's are. Its first loss is checked against the host build's on the same
+batch; its step times are this machine's cores, labelled container. The TFLite peers' model is
+converted here and trained by LiteRT's interpreter in an image of LiteRT and numpy; ONNX
+Runtime's training artifacts are made here and run by its training API in an image of ONNX
+Runtime and numpy; ExecuTorch's program is made here and run by its runtime in the PyTorch image
+with ExecuTorch. A peer that cannot do the case (PEFT LoRA of a case without adapters, TFLite of
+a model other than MobileNetV2) is recorded as not run, with the reason.
 """
 from __future__ import annotations
 

@@ -8,9 +8,8 @@ An image is a stack of layer tarballs:
 3. for a package, the application (pipelines/runtime/package.py); for PyTorch's peers in a
    device's container, PyTorch's CPU wheel (``pytorch_layers``; for ``torch.compile``'s, over a
    Debian with g++ and Python's headers, and with PyTorch's own: ``torch_compile_layers``); for
-   the TFLite peers, LiteRT's
-   (``litert_layers``); for ONNX Runtime's, its training wheel (``ort_layers``); for
-   ExecuTorch's, its wheel over PyTorch's (``executorch_layers``).
+   the TFLite peers, LiteRT's (``litert_layers``); for ONNX Runtime's, its training wheel
+   (``ort_layers``); for ExecuTorch's, its wheel over PyTorch's (``executorch_layers``).
 Every layer is a deterministic tar (sorted names, zero times and owners) and the image config
 has fixed times, so the image ID, the sha256 of the config, is a hash of the content: the same
 inputs give the same ID, and the tag is derived from it. A stage records the ID beside its DVC

@@ -7,9 +7,9 @@ Usage: python peer_in_container.py PROGRAM.pt2 PLAN.json INPUTS.npz OUTPUT.json 
 PLAN.json: {"optimizer": a torch.optim class, "groups": [{"params": [[name, ...], ...], its
 settings}], "compile": whether torch.compile compiles the forward and backward (Inductor: its
 C++ kernels compiled in the first warm-up step, as on the host)}, each trained parameter by its
-names (a tied one has several: the module torch.export
-gives back holds one parameter per name, sharing storage, and its graph reads one of them, which
-is the one trained); every other parameter is frozen. INPUTS.npz: the program's arguments in
+names (a tied one has several: the module torch.export gives back holds one parameter per
+name, sharing storage, and its graph reads one of them, which is the one trained); every other
+parameter is frozen. INPUTS.npz: the program's arguments in
 call order (arg_000, ...). Needs only PyTorch and numpy (images.pytorch_layers), as on_device.py
 needs only TVM's runtime.
 """

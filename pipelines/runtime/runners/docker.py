@@ -3,8 +3,8 @@ network), running on_device.py in the runtime image (Debian, TVM, numpy: runtime
 step that does not fit the memory is killed as it would be on the device, and recorded as out
 of memory. Its step times are this machine's cores, labelled container. Peers
 (``docker.peers``) train the same case in the same limits, in the PyTorch image (with a C++
-compiler for ``torch.compile``), LiteRT's,
-ONNX Runtime's or ExecuTorch's (pipelines/evaluate/container_peers.py)."""
+compiler for ``torch.compile``), LiteRT's, ONNX Runtime's or ExecuTorch's
+(pipelines/evaluate/container_peers.py)."""
 from __future__ import annotations
 
 import json
@@ -30,9 +30,9 @@ LABEL = "container"
 class Config(Strict):
     """A profile's ``docker``: how long a container may run, and which peers train the case in
     the same limits after the compiled step (PyTorch eager full backpropagation; eager with the
-    scheme's frozen layers frozen; ``torch.compile`` full backpropagation; PEFT LoRA, for a LoRA case; TFLite, full or frozen, for
-    MobileNetV2; ONNX Runtime training, full or frozen; ExecuTorch training, full or frozen,
-    with SGD)."""
+    scheme's frozen layers frozen; ``torch.compile`` full backpropagation; PEFT LoRA, for a
+    LoRA case; TFLite, full or frozen, for MobileNetV2; ONNX Runtime training, full or frozen;
+    ExecuTorch training, full or frozen, with SGD)."""
 
     timeout_s: PositiveFloat = 900
     peers: list[Literal["torch_eager_full", "torch_eager_frozen", "torch_compile_full",
