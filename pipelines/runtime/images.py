@@ -241,18 +241,19 @@ def pytorch_layers(arch: str) -> list[Path]:
             python_layer(arch, PYTORCH_WHEELS, "pytorch", PYTORCH_UNUSED)]
 
 
-def headers_layer(arch: str, wheel: str = "torch", directory: str = PYTORCH_HEADERS) -> Path:
-    """``directory`` of the device's ``wheel`` (the version installed here) under SITE, alone:
-    what python_layer leaves out as ``unused``."""
+def headers_layer(arch: str) -> Path:
+    """PyTorch's headers (the device's wheel, the version installed here) under SITE, alone:
+    what its python_layer leaves out as unused."""
     def make(path: Path) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             site = Path(tmp)
-            install_wheels(arch, site, [wheel])
+            install_wheels(arch, site, ["torch"])
             with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
-                add_tree(tar, site / directory, f"{SITE}/{directory}")
+                add_tree(tar, site / PYTORCH_HEADERS, f"{SITE}/{PYTORCH_HEADERS}")
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return _cached(f"headers-{arch}-{_key(python, wheel, version(wheel), directory)}.tar", make)
+    key = _key(python, "torch", version("torch"), PYTORCH_HEADERS)
+    return _cached(f"headers-{arch}-{key}.tar", make)
 
 
 def torch_compile_layers(arch: str) -> list[Path]:

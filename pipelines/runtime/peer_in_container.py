@@ -39,7 +39,7 @@ def run(program: str, plan_file: str, inputs: str, warmup: int, steps: int) -> d
     optimizer = getattr(torch.optim, plan["optimizer"])(groups)
     with np.load(inputs) as arrays:
         args = [torch.from_numpy(arrays[name]) for name in sorted(arrays.files)]
-    forward = torch.compile(module) if plan.get("compile") else module
+    forward = torch.compile(module) if plan["compile"] else module
     checked = False
 
     def step():

@@ -126,7 +126,7 @@ def run_peer(program: Path, plan: dict, args: list, profile, warmup: int, steps:
     images.OutOfMemory when it does not fit."""
     from pipelines.runtime.images import pytorch_layers, torch_compile_layers
 
-    layers, name = ((torch_compile_layers, "pytorch-compile") if plan.get("compile")
+    layers, name = ((torch_compile_layers, "pytorch-compile") if plan["compile"]
                     else (pytorch_layers, "pytorch"))
     return _run_script(profile, layers, name, PEER_IN_CONTAINER,
                        {"program.pt2": program, "plan.json": json.dumps(plan).encode(),
