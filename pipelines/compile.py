@@ -34,7 +34,8 @@ from pipelines.analysis.memory_plan import memory_plan
 from pipelines.backend.build import PLANNED, build_step
 from pipelines.frontends import import_model, lower_model
 from pipelines.frontends.weights import FILE as WEIGHTS, save_weights
-from pipelines.ir import FIXED_PARAMETERS, signature_of, with_signature, without_signature
+from pipelines.ir import (FIXED_PARAMETERS, STORED_AS, signature_of, with_signature,
+                          without_signature)
 from pipelines.phases import Build, Lowered, OptimizedStep, PrunedStep, TrainingStep
 from pipelines.profiles import variant_for
 from pipelines.training.graph import build_train_step, unreached_parameters
@@ -47,8 +48,9 @@ from pipelines.transform import (BoolOpsAsInts, ChunkLossRows, CollapseReshapes,
                                  LossGradientInPlace, MaxPoolGradInBounds, NonFiniteFills,
                                  PlainPowers, PruneFrozenUpdates, RecomputeActivations,
                                  ReorderUpdates, SliceChannelUpdates, SplitAsSlices,
-                                 UpdateInPlace)
+                                 StoreFrozenWeights, UpdateInPlace)
 from pipelines.transform.freeze_statistics import norm_scales
+from pipelines.transform.store_frozen_weights import largest_stored
 
 NOTHING = tvm.transform.Sequential([])  # an optional pass that is off keeps its place
 
@@ -139,13 +141,15 @@ def sparse_update(full: TrainingStep, rules: list, scheme_name: str) -> PrunedSt
 
 
 def _optimized(pruned: tvm.IRModule, reorder_updates: bool, recompute: bool,
-               update_in_place: bool, loss_chunk_rows: int) -> tvm.IRModule:
+               update_in_place: bool, loss_chunk_rows: int, frozen_dtype: str,
+               kept_float32=()) -> tvm.IRModule:
     return tvm.transform.Sequential([
         ReorderUpdates() if reorder_updates else NOTHING,
         RecomputeActivations() if recompute else NOTHING,
         FuseSoftmaxCrossEntropy(),
         ChunkLossRows(loss_chunk_rows),  # a frozen LM head's logits: one chunk of rows at a time
         IsolateGemms(),
+        StoreFrozenWeights(frozen_dtype, kept_float32),  # widened at each reader
         FoldConstantReshapes(),
         relax.transform.FoldConstant(),  # the gradient's exponent 2 - 1 becomes a constant
         PlainPowers(),
@@ -173,25 +177,36 @@ def plan(optimized: tvm.IRModule) -> dict:
 
 def optimize(pruned: PrunedStep, reorder_updates: bool = True, recompute: str = "never",
              budgets: dict[str, float] | None = None, update_in_place: bool = True,
-             loss_chunk_rows: int = 0) -> OptimizedStep:
+             loss_chunk_rows: int = 0, frozen_dtype: str = "float32") -> OptimizedStep:
     """Phase 4 (and 5): the pruned step optimized and fused (target-independent), and its plan.
     ``recompute``: never, always, or auto: the step keeps its activations, and a twin that
     recomputes cheap ones is made too when the plan is over one of ``budgets`` (bytes, by
     device: the devices that build the case). ``update_in_place``: the state's new values
     written over the old ones (transform/update_in_place.py). ``loss_chunk_rows``: a frozen LM
     head's logits and loss taken that many rows at a time (transform/chunk_loss_rows.py; 0:
-    all at once)."""
-    step = _optimized(pruned.module, reorder_updates, recompute == "always", update_in_place,
-                      loss_chunk_rows)
-    in_place = signature_of(step).get("updated_in_place", [])
-    planned = plan(step) | {"reorder_updates": reorder_updates, "updated_in_place": len(in_place),
-                            "recomputed": recompute == "always", "recompute": None}
+    all at once). ``frozen_dtype``: what the weights no update writes are stored as
+    (transform/store_frozen_weights.py)."""
+    options = (update_in_place, loss_chunk_rows, frozen_dtype)
+    step = _optimized(pruned.module, reorder_updates, recompute == "always", *options)
+    planned, kept = plan(step), ()
+    largest = largest_stored(step)
+    if largest is not None:  # a product's float32 copy of it may cost more than it saves
+        other = _optimized(pruned.module, reorder_updates, recompute == "always", *options,
+                           {largest})
+        other_plan = plan(other)
+        if other_plan["planned_peak_bytes"] < planned["planned_peak_bytes"]:
+            step, planned, kept = other, other_plan, (largest,)
+    signature = signature_of(step)
+    stored = {"frozen_dtype": frozen_dtype, "stored_narrower": len(signature.get(STORED_AS, {})),
+              "kept_float32": list(kept)}
+    planned |= {"reorder_updates": reorder_updates,
+                "updated_in_place": len(signature.get("updated_in_place", [])), **stored,
+                "recomputed": recompute == "always", "recompute": None}
     twin = None
     over = [d for d, b in (budgets or {}).items() if planned["planned_peak_bytes"] > b]
     if recompute == "auto" and over:
-        twin = _optimized(pruned.module, reorder_updates, True, update_in_place,
-                          loss_chunk_rows)
-        planned["recompute"] = plan(twin) | {"recomputed": True, "for": sorted(over)}
+        twin = _optimized(pruned.module, reorder_updates, True, *options, kept)
+        planned["recompute"] = plan(twin) | stored | {"recomputed": True, "for": sorted(over)}
     return OptimizedStep(step, planned, twin)
 
 
@@ -271,7 +286,8 @@ def compile_to_plan(model, rules: list, optimizer, *, lora=None, weights: dict |
                     seed: int = 0, reorder_updates: bool = True, recompute: str = "never",
                     budgets: dict[str, float] | None = None, scheme_name: str = "scheme",
                     lowered: Lowered | None = None, update_in_place: bool = True,
-                    loss_chunk_rows: int = 0, statistics: str = "trained_layers"
+                    loss_chunk_rows: int = 0, statistics: str = "trained_layers",
+                    frozen_dtype: str = "float32"
                     ) -> tuple[TrainingStep, PrunedStep, OptimizedStep]:
     """Phases 1 to 5 in memory: ``model`` (from ``lowered`` if given, else imported with
     ``weights``), the scheme's ``rules`` (and ``lora``, and its batch norms' ``statistics``),
@@ -281,7 +297,7 @@ def compile_to_plan(model, rules: list, optimizer, *, lora=None, weights: dict |
     full = training_graph(lowered, optimizer, lora, seed, model.task, rules, statistics)
     pruned = sparse_update(full, rules, scheme_name)
     return full, pruned, optimize(pruned, reorder_updates, recompute, budgets, update_in_place,
-                                  loss_chunk_rows)
+                                  loss_chunk_rows, frozen_dtype)
 
 
 def compile(model, rules: list, optimizer, profile, directory: Path, *, database=None,

@@ -135,11 +135,15 @@ class Adam(Stepping):
 Optimizer = Annotated[Union[SGD, Adam], Field(discriminator="kind")]
 
 
+FrozenDtype = Literal["float32", "float16", "bfloat16"]  # transform/store_frozen_weights.py
+
+
 class OptimizeOverride(Strict):
     reorder_updates: bool | None = None
     update_in_place: bool | None = None
     recompute: Literal["never", "auto", "always"] | None = None
     loss_chunk_rows: NonNegativeInt | None = None
+    frozen_dtype: FrozenDtype | None = None
 
 
 class Case(Strict):
@@ -160,6 +164,7 @@ class Optimize(Strict):
     update_in_place: bool
     recompute: Literal["never", "auto", "always"]
     loss_chunk_rows: NonNegativeInt  # a frozen LM head's loss over chunks of rows; 0: whole
+    frozen_dtype: FrozenDtype  # the float the step stores the weights it never updates in
 
 
 Peer = Literal[tuple(PEERS)]  # pipelines/peers

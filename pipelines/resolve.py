@@ -70,6 +70,7 @@ class OptimizeInputs(Strict):
     update_in_place: bool
     recompute: Literal["never", "auto", "always"]
     loss_chunk_rows: int
+    frozen_dtype: str
     budgets: dict[str, float]  # bytes the step may plan for, by device that builds the case
 
 
@@ -135,6 +136,7 @@ def resolve(params: Params) -> dict[Path, str | bytes]:
                                        update_in_place=settings.update_in_place,
                                        recompute=settings.recompute,
                                        loss_chunk_rows=settings.loss_chunk_rows,
+                                       frozen_dtype=settings.frozen_dtype,
                                        budgets={d: profiles[d].budget_bytes for d in devices}),
             "evaluate": EvaluateInputs(case=name, model_name=case.model, model=model,
                                        scheme=case.scheme, optimizer_name=case.optimizer,

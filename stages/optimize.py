@@ -3,8 +3,9 @@
 
 Output (artifacts/cases/<case>/optimize/, a phases.OptimizedStep): train_step.relax.py / .json
 (updates reordered when ``reorder_updates``, cheap activations recomputed when ``recompute`` is
-always, a frozen LM head's loss over chunks of ``loss_chunk_rows`` rows, fused, the state
-updated in its own storage when ``update_in_place``) and plan.json,
+always, a frozen LM head's loss over chunks of ``loss_chunk_rows`` rows, the frozen weights
+stored as ``frozen_dtype``, fused, the state updated in its own storage when
+``update_in_place``) and plan.json,
 also artifacts/metrics/optimize/<case>.json; with ``recompute`` auto and a device that builds
 the case whose memory budget the plan exceeds, also
 train_step_recompute.*, the twin that recomputes them (its plan under plan.json's
@@ -23,7 +24,8 @@ from pipelines.stage import run_stage
 def main(name: str) -> None:
     inputs, pruned = case_inputs(name, "optimize"), case_dir(name, "prune")
     optimized = optimize(PrunedStep.load(pruned), inputs.reorder_updates, inputs.recompute,
-                         inputs.budgets, inputs.update_in_place, inputs.loss_chunk_rows)
+                         inputs.budgets, inputs.update_in_place, inputs.loss_chunk_rows,
+                         inputs.frozen_dtype)
     with atomic_dir(case_dir(name, "optimize")) as tmp:
         optimized.save(tmp)
         write_manifest(tmp, f"optimize@{name}", {"prune": pruned,

@@ -112,6 +112,7 @@ def _case_options(params, case: str, options: dict) -> tuple:
               "reorder_updates": settings.reorder_updates,
               "update_in_place": settings.update_in_place,
               "loss_chunk_rows": settings.loss_chunk_rows,
+              "frozen_dtype": settings.frozen_dtype,
               "recompute": "always" if settings.recompute == "always" else "never",
               "lowered": _LOWERED[key], **options}
     rules = kwargs.pop("rules", scheme.rules)

@@ -61,19 +61,31 @@ def llm():
 
 CASES = ["smollm_full", "smollm_paper", "smollm_lora", "qwen_full", "qwen_paper", "qwen_lora",
          "qwen_bias_only", "qwen_lora_512"]
+# the experiment stores frozen weights in bfloat16 (optimize.frozen_dtype); these as well:
+OTHER_DTYPES = [("smollm_paper", "float32"), ("qwen_lora", "float16")]
 
 
 def test_the_experiment_names_every_case_tested_here(llm):
     assert sorted(llm.cases) == sorted(CASES)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_each_llm_case_steps_like_pytorch_in_place(llm, build_case, case):
-    from pipelines.config import case_optimizer
+@pytest.mark.parametrize("case, frozen_dtype", [(c, None) for c in CASES] + OTHER_DTYPES)
+def test_each_llm_case_steps_like_pytorch_in_place(llm, build_case, case, frozen_dtype):
+    from pipelines.config import case_optimize, case_optimizer
     from pipelines.models.pytorch import make_optimizer, selection_of, train_step
 
-    compiled = build_case(llm, case)
+    compiled = build_case(llm, case, **({} if frozen_dtype is None
+                                        else {"frozen_dtype": frozen_dtype}))
     signature = compiled.signature
+    # stored in 16 bits: every weight no update writes (but one a product's float32 copy of
+    # would cost more at the peak), and nothing else
+    dtype = frozen_dtype or case_optimize(llm, llm.cases[case]).frozen_dtype
+    data, count = len(signature["data"]), signature["num_params"]
+    frozen = {p for p in signature["inputs"][data:data + count] if p not in signature["trainable"]}
+    kept = set(compiled.plan["kept_float32"])
+    assert kept <= frozen and len(kept) <= 1
+    assert signature.get("stored_as", {}) == (
+        {} if dtype == "float32" else dict.fromkeys(sorted(frozen - kept), dtype))
     model, optimizer = llm.models[llm.cases[case].model], case_optimizer(llm, llm.cases[case])
     assert signature["data"] == ["input_ids", "labels"]
     # every trained tensor and its AdamW moments are written over their old values

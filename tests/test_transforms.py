@@ -28,7 +28,7 @@ from pipelines.transform import (BoolOpsAsInts, CollapseReshapes, EmptyConstants
                                  FoldConstantReshapes, FreezeStatistics, FrozenNormsElementwise,
                                  MaxPoolGradInBounds, NonFiniteFills, PlainPowers,
                                  PruneFrozenUpdates, RecomputeActivations, ReorderUpdates,
-                                 SliceChannelUpdates, SplitAsSlices)
+                                 SliceChannelUpdates, SplitAsSlices, StoreFrozenWeights)
 from pipelines.transform.freeze_statistics import norm_scales
 from pipelines.transform.update_in_place import writes_safely_over
 
@@ -104,6 +104,40 @@ def test_prune_frozen_updates_drops_frozen_outputs_and_their_backward(full):
     want, got = outputs_by_name(full, want), outputs_by_name(pruned, got)
     for name, value in got.items():
         np.testing.assert_array_equal(value, want[name], err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_store_frozen_weights_halves_them_and_steps_as_float32_on_their_rounded_values(full,
+                                                                                       dtype):
+    """With fc2 trained, fc1 and the norm frozen: their weights and biases become inputs of
+    ``dtype``, each widened before its reader; the step gives exactly what the float32 step
+    gives on the same values rounded to ``dtype``, and the trained ones are left as they were."""
+    from pipelines.compile import plan
+    from pipelines.ir import STORED_AS, as_stored
+
+    sig = signature_of(full)
+    pruned = PruneFrozenUpdates({n for n, s in sig["source_names"].items()
+                                 if s.startswith("fc2.")})(full)
+    stored = StoreFrozenWeights(dtype)(pruned)
+    frozen = {n for n, s in sig["source_names"].items() if s.startswith(("fc1.", "norm."))}
+    assert signature_of(stored)[STORED_AS] == dict.fromkeys(sorted(frozen), dtype)
+    dtypes = {p.name: str(p.ty.dtype) for p in stored["train_step"].params}
+    assert {n for n, d in dtypes.items() if d == dtype} == frozen
+    assert count_ops(stored["train_step"])["relax.astype"] >= len(frozen)
+    assert StoreFrozenWeights("float32")(pruned).same_as(pruned)
+    weights = sum(int(np.prod([int(d) for d in p.ty.shape])) for p in pruned["train_step"].params
+                  if p.name in frozen)
+    assert plan(pruned)["inputs_bytes"] - plan(stored)["inputs_bytes"] == 2 * weights
+    args, _ = run(pruned)
+    names = signature_of(pruned)["inputs"]
+    rounded = as_stored(signature_of(stored), dict(zip(names, args)))
+    _, want = run(pruned, args=[np.asarray(rounded[n], "float32") if n in frozen else rounded[n]
+                                for n in names])
+    _, got = run(stored, args=[rounded[n] for n in names])
+    for name, a, b in zip(signature_of(pruned)["outputs"], got, want):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    with pytest.raises(ValueError, match="allowed"):
+        StoreFrozenWeights("int8")
 
 
 def test_slice_channel_updates_computes_only_the_selected_slice(full):
@@ -468,7 +502,7 @@ def test_update_in_place_writes_every_update_over_its_state_with_the_same_values
     and after a call the tensors passed in hold the new values."""
     from pipelines.compile import _optimized, plan
 
-    fresh, in_place = (_optimized(every, True, False, flag, 0) for flag in (False, True))
+    fresh, in_place = (_optimized(every, True, False, flag, 0, "float32") for flag in (False, True))
     sig = signature_of(in_place)
     state = [n.removeprefix("new_") for n in sig["outputs"][1:] if n != "new_optimizer_lr"]
     assert sorted(sig["updated_in_place"]) == sorted(state)

@@ -161,7 +161,11 @@ def sparse_tables(name: str, report: dict, plan: dict) -> list[str]:
               f"{_mib(plan['planned_storage_bytes'])} + outputs {_mib(plan['outputs_bytes'])}"
               + (f"; recomputing cheap activations instead: "
                  f"{_mib(plan['recompute']['planned_peak_bytes'])}" if plan.get("recompute")
-                 else "") + ".", "",
+                 else "")
+              + (f"; {plan['stored_narrower']} frozen weights stored as {plan['frozen_dtype']}"
+                 + (f" ({', '.join(plan['kept_float32'])} kept float32: a product's copy of it "
+                    "cost more at the peak)" if plan["kept_float32"] else "")
+                 if plan.get("stored_narrower") else "") + ".", "",
               "| inputs: weights | buffers | optimizer state | batch | alive at the peak: "
               "activations for backward | backward workspace | gradients and updates | new "
               "values |", "|---|---|---|---|---|---|---|---|",

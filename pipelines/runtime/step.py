@@ -14,6 +14,7 @@ from tvm.runtime.vm import VirtualMachine  # the runtime's VM: no compiler neede
 
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts, before they start)
 from pipelines.io import read_json, verified
+from pipelines.ir import STORED_AS, as_stored
 from pipelines.layout import SIGNATURE
 from pipelines.runtime.checks import BadBatch, check_batch, check_finite, check_shapes
 from pipelines.runtime.cuda import cuda_device, keep
@@ -101,10 +102,15 @@ class CompiledStep:
                 self.set_state(name, tvm.runtime.tensor(np.array(lr, "float32"), self.device))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Parameters and buffers under their names in the source (for ``load_state_dict``)."""
+        """Parameters and buffers under their names in the source (for ``load_state_dict``),
+        in float32 where the step stores a frozen weight narrower."""
         names = self.signature["source_names"]
-        return {names[n]: torch.from_numpy(v.numpy()) for n, v in self.state.items()
-                if n in names}
+        # a weight stored narrower goes back widened, as the step read it (torch has no numpy
+        # bfloat16)
+        return {names[n]: torch.from_numpy(np.asarray(v.numpy(), "float32")
+                                           if n in self.signature.get(STORED_AS, {})
+                                           else v.numpy())
+                for n, v in self.state.items() if n in names}
 
     def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
         """Copy the step's weights and running statistics into ``model``. Only batch-norm
@@ -173,7 +179,9 @@ class CompiledStep:
 
 def initial_state(signature: dict, initial: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The step's state before its first call, by input name: ``initial``'s parameters and
-    buffers, and the optimizer state at zero, as in torch.optim."""
+    buffers (a weight the step stores narrower in its dtype: ir.as_stored), and the optimizer
+    state at zero, as in torch.optim."""
+    initial = as_stored(signature, initial)
     state = {}
     for name in signature["inputs"][len(signature["data"]):]:
         if name in signature["optimizer_state"]:

@@ -20,6 +20,7 @@ from pipelines.transform.recompute import RecomputeActivations
 from pipelines.transform.reorder_updates import ReorderUpdates
 from pipelines.transform.slice_channels import SliceChannelUpdates
 from pipelines.transform.split_as_slices import SplitAsSlices
+from pipelines.transform.store_frozen_weights import StoreFrozenWeights
 from pipelines.transform.update_in_place import UpdateInPlace
 
 __all__ = ["BoolOpsAsInts", "ChunkLossRows", "CollapseReshapes", "EmptyConstantsAsZeros",
@@ -27,4 +28,4 @@ __all__ = ["BoolOpsAsInts", "ChunkLossRows", "CollapseReshapes", "EmptyConstants
            "FrozenNormsElementwise", "FuseSoftmaxCrossEntropy", "IsolateGemms",
            "LossGradientInPlace", "MaxPoolGradInBounds", "NonFiniteFills", "PlainPowers",
            "PruneFrozenUpdates", "RecomputeActivations", "ReorderUpdates", "SliceChannelUpdates",
-           "SplitAsSlices", "UpdateInPlace"]
+           "SplitAsSlices", "StoreFrozenWeights", "UpdateInPlace"]
