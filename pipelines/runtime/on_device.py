@@ -18,12 +18,21 @@ from tvm import relax
 from sampled_peak import SampledPeak
 
 
+def _tensor(array: np.ndarray, device):
+    """``array`` on ``device``. A bfloat16 array (a frozen weight stored so) comes out of the
+    .npz as 2-byte voids, its bytes kept: numpy has no bfloat16 without ml_dtypes, which the
+    device need not have."""
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2:
+        return tvm.runtime.empty(array.shape, "bfloat16", device).copyfrom(array)
+    return tvm.runtime.tensor(array, device)
+
+
 def run(library: str, inputs: str, warmup: int, steps: int) -> tuple[list[float], dict]:
     """The timed steps' times and the first step's outputs."""
     device = tvm.cpu()
     vm = relax.VirtualMachine(tvm.runtime.load_module(library), device)
     with np.load(inputs) as arrays:
-        args = [tvm.runtime.tensor(arrays[name], device) for name in sorted(arrays.files)]
+        args = [_tensor(arrays[name], device) for name in sorted(arrays.files)]
     outputs = vm["train_step"](*args)
     results = {f"out_{i:03d}": value.numpy() for i, value in enumerate(outputs)}
     times = []
