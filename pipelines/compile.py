@@ -34,10 +34,10 @@ from pipelines.analysis.memory_plan import memory_plan
 from pipelines.backend.build import PLANNED, build_step
 from pipelines.frontends import import_model, lower_model
 from pipelines.frontends.weights import FILE as WEIGHTS, save_weights
-from pipelines.ir import (FIXED_PARAMETERS, STORED_AS, signature_of, with_signature,
-                          without_signature)
+from pipelines.ir import FIXED_PARAMETERS, signature_of, with_signature, without_signature
 from pipelines.phases import Build, Lowered, OptimizedStep, PrunedStep, TrainingStep
 from pipelines.profiles import variant_for
+from pipelines.stored_weights import STORED_AS
 from pipelines.training.graph import build_train_step, unreached_parameters
 from pipelines.training.lora import adapter_layers, add_adapters
 from pipelines.training.optimizers import from_config

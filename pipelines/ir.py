@@ -7,8 +7,6 @@ import math
 import re
 from pathlib import Path
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 as a numpy dtype: as_stored)
-import numpy as np
 import tvm
 from tvm import relax
 
@@ -98,19 +96,6 @@ PADDING_ROWS = "pock_padding_rows"
 # A lowered main's attribute, [parameter]: those its framework holds fixed (PyTorch's
 # requires_grad=False: a sinusoidal position table); no scheme trains them.
 FIXED_PARAMETERS = "pock_fixed_parameters"
-# A step's signature key, {input: dtype}: the frozen weights it stores in a 16-bit float
-# (transform/store_frozen_weights.py). The step and every twin of it start from those values.
-STORED_AS = "stored_as"
-
-
-def as_stored(signature: dict, values: dict) -> dict:
-    """``values`` (numpy, by Relax name) with each weight the step stores narrower rounded to
-    that dtype (numpy's float16, or bfloat16 as ml_dtypes registers it)."""
-    stored = signature.get(STORED_AS, {})
-    return {name: np.asarray(value).astype(stored[name]) if name in stored else value
-            for name, value in values.items()}
-
-
 def signature_of(mod: tvm.IRModule) -> dict:
     if not mod.attrs or SIGNATURE not in mod.attrs:
         raise ValueError("the module carries no training-step signature (ir.with_signature)")

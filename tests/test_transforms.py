@@ -113,7 +113,7 @@ def test_store_frozen_weights_halves_them_and_steps_as_float32_on_their_rounded_
     ``dtype``, each widened before its reader; the step gives exactly what the float32 step
     gives on the same values rounded to ``dtype``, and the trained ones are left as they were."""
     from pipelines.compile import plan
-    from pipelines.ir import STORED_AS, as_stored
+    from pipelines.stored_weights import STORED_AS, as_stored
 
     sig = signature_of(full)
     pruned = PruneFrozenUpdates({n for n, s in sig["source_names"].items()

@@ -7,7 +7,7 @@ import torch
 
 from pipelines.frontends import load_module
 from pipelines.frontends.torch_module import is_program
-from pipelines.ir import STORED_AS, as_stored
+from pipelines.stored_weights import STORED_AS, as_stored
 from pipelines.models.pytorch import hold_statistics
 from pipelines.models.torch_lora import add_adapters, adapted_modules
 from pipelines.schema import ConfigError

@@ -10,7 +10,7 @@ the same weight in a row (a chunked LM head's products) share one copy. An eleme
 gathering reader (a norm's scale, the embedding's lookup) fuses the widening into its own
 kernel and never makes the copy; a product on OpenBLAS reads it. The arithmetic stays float32,
 so the step computes exactly what float32 PyTorch computes on the rounded weights: the PyTorch
-twin starts from those values (``ir.as_stored``). A product's copy costs the weight's float32
+twin starts from those values (``stored_weights.as_stored``). A product's copy costs the weight's float32
 size while it runs: for a tied LM head (SmolLM's embedding, 108 MiB) more at the peak than half
 its storage saves, so the optimize phase also plans the step with the largest weight left
 float32 and keeps the lower plan (pipelines/compile.py). Run after IsolateGemms (whose products read the
@@ -34,7 +34,8 @@ import math
 import tvm
 from tvm import relax
 
-from pipelines.ir import STORED_AS, dtype_of, shape_of, signature_of, with_signature
+from pipelines.ir import dtype_of, shape_of, signature_of, with_signature
+from pipelines.stored_weights import STORED_AS
 
 DTYPES = ("float32", "float16", "bfloat16")  # float32: stored as they are
 
