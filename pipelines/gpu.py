@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.evaluate.gpu_bundle import CASES, RUNNER, initial_values, seeded_batches
-from pipelines.io import read_json, save_arrays
+from pipelines.io import load_tensors, read_json, save_arrays
 from pipelines.schema import ConfigError
 
 PARITY_STEPS = 3
@@ -118,8 +118,6 @@ def _runners(bundle: Path, case: dict, timing: dict, device: str, scratch: Path)
     each in its own process, ``timing["runner_steps"]`` steps on the same seeded batches:
     whether their weights are equal, and each one's median ms per step after the first 3, its
     peak resident memory and on a GPU the device memory it held."""
-    from safetensors.numpy import load_file
-
     from pipelines.runtime import native
 
     runner = bundle / RUNNER / "runner"
@@ -144,7 +142,7 @@ def _runners(bundle: Path, case: dict, timing: dict, device: str, scratch: Path)
                                         cores=timing["cores"])
                       if name == "native" else
                       native.run_python(step_dir, data, out, timing["cores"], args=args))
-        weights[name] = load_file(str(out / "weights.safetensors"))
+        weights[name] = load_tensors(out / "weights.safetensors")
     got, want = weights["native"], weights["python"]
     same_names = sorted(got) == sorted(want)
     result = {"steps": steps, "device": logs["native"].get("device"),

@@ -177,6 +177,16 @@ def load_arrays(path: Path) -> dict:
         return {name: data[name] for name in data.files}
 
 
+def load_tensors(path: Path) -> dict:
+    """The tensors of a safetensors file, by name, as numpy arrays; a BF16 one (a frozen
+    weight stored so) as ml_dtypes' bfloat16, which safetensors.numpy.load_file does not read
+    and safe_open does."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "numpy") as tensors:
+        return {name: tensors.get_tensor(name) for name in tensors.keys()}
+
+
 def save_arrays(path: Path, arrays: dict) -> None:
     """An .npz that np.load reads, byte-identical for identical arrays (np.savez stamps the
     current time into each zip entry; this fixes it)."""

@@ -357,17 +357,26 @@ def _native(native, data, out, *args) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-def test_native_and_python_runners_give_the_same_weights(native, host_step, tmp_path):
+@pytest.mark.parametrize("frozen_dtype", ["float32", "bfloat16"])
+def test_native_and_python_runners_give_the_same_weights(native, host_step, params, build_case,
+                                                         frozen_dtype, tmp_path):
     """The native runner and the Python runner (python_runner.py) on the same step directory
     and data, two epochs: the same batches, losses and weights, bit for bit; the native runner
-    in a fraction of the Python runner's memory."""
+    in a fraction of the Python runner's memory. Also for a step that stores its frozen
+    weights in bfloat16 (safetensors BF16 in its state, which each runner reads itself)."""
     import subprocess
     import sys
 
-    from safetensors.numpy import load_file
+    from pipelines.io import load_tensors
+    from pipelines.runtime.native import PYTHON_RUNNER, step_directory
+    from pipelines.stored_weights import STORED_AS
 
-    from pipelines.runtime.native import PYTHON_RUNNER
-
+    if frozen_dtype != "float32":
+        step = build_case(params, CASE, optimizer=OPT, frozen_dtype=frozen_dtype)
+        native = (native[0], step_directory(step.directory, step.initial, tmp_path / "step"))
+        stored = step.signature[STORED_AS]
+        state = load_tensors(native[1] / "state.safetensors")
+        assert stored and {n for n, v in state.items() if v.dtype == frozen_dtype} == set(stored)
     data = tmp_path / "data"
     data.mkdir()
     _save(data / "train.safetensors", *_batches(20))
@@ -382,7 +391,7 @@ def test_native_and_python_runners_give_the_same_weights(native, host_step, tmp_
     assert logs["native"]["steps"] == 4 and logs["native"]["order"] == logs["python"]["order"]
     assert np.array_equal(np.float32(logs["native"]["losses"]), np.float32(logs["python"]["losses"]))
     for file in ("weights", "state"):
-        got, want = (load_file(str(o / f"{file}.safetensors")) for o in outs.values())
+        got, want = (load_tensors(o / f"{file}.safetensors") for o in outs.values())
         assert sorted(got) == sorted(want)
         for name in want:
             assert np.array_equal(got[name], want[name]), name

@@ -34,9 +34,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file
-
-from pipelines.io import write_json_atomic
+from pipelines.io import load_tensors, write_json_atomic
 from pipelines.runtime.agreement import compare
 from pipelines.runtime.emulation import NATIVE_DEBIAN, NATIVE_DROP, emulation_root, root_is_ready
 from pipelines.runtime.images import (OutOfMemory, add_tree, debian_layer, engine, ensure_image,
@@ -96,12 +94,12 @@ def agreement(native: Path, python: Path, step_dir: Path) -> dict:
     and weights (the weights they started from, in ``step_dir``, tell a flipped ReLU6
     gradient from a wrong update: agreement.compare)."""
     source = json.loads((step_dir / "runner.json").read_text())["weights"]
-    start = {source[n]: v for n, v in load_file(str(step_dir / "state.safetensors")).items()
+    start = {source[n]: v for n, v in load_tensors(step_dir / "state.safetensors").items()
              if n in source}
     logs = [json.loads((d / "log.json").read_text()) for d in (native, python)]
     if logs[0]["order"] != logs[1]["order"]:
         raise RuntimeError("the native and the Python runner took different batches")
-    weights = [load_file(str(d / "weights.safetensors")) for d in (native, python)]
+    weights = [load_tensors(d / "weights.safetensors") for d in (native, python)]
     names = sorted(weights[1])
     got, want = ([np.float32(log["losses"])] + [w[n] for n in names]
                  for log, w in zip(logs, weights))

@@ -5,9 +5,9 @@ outputs, the same batch order; both must give the same weights.
   python pipelines/runtime/python_runner.py STEP_DIR --data DIR --out DIR [--epochs 1]
                                              [--steps N] [--seed 0] [--state FILE]
 
-Needs numpy, safetensors and TVM's runtime only (no PyTorch, no compiler). A step built for an
-NVIDIA GPU runs there, as in the native runner. Exit codes as the native runner's: 0 done;
-2 bad input; 3 a step's loss or new state is not finite.
+Needs numpy, safetensors and TVM's runtime only (no PyTorch, no compiler), and ml_dtypes for a
+step that stores frozen weights in bfloat16. A step built for an NVIDIA GPU runs there, as in
+the native runner. Exit codes as the native runner's: 0 done; 2 bad input; 3 a step's loss or new state is not finite.
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ import numpy as np
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as pipelines/backend/cpu_schedules.py says why
 import tvm  # noqa: E402
 from safetensors import SafetensorError  # noqa: E402
-from safetensors.numpy import load_file, save  # noqa: E402
+from safetensors.numpy import save  # noqa: E402
 from tvm.runtime.vm import VirtualMachine  # noqa: E402
 
-from pipelines.io import write_json_atomic, write_text_atomic  # noqa: E402
+from pipelines.io import load_tensors, write_json_atomic, write_text_atomic  # noqa: E402
 from pipelines.runtime.checks import (StepError, check_batch, check_finite,  # noqa: E402
                                       check_shapes)
 from pipelines.runtime.cuda import cuda_device, keep  # noqa: E402
@@ -62,7 +62,7 @@ def read_tensors(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise BadInput(f"{path}: not found")
     try:
-        return load_file(str(path))
+        return load_tensors(path)
     except SafetensorError as err:
         raise BadInput(f"{path}: not a safetensors file ({err})") from None
 
