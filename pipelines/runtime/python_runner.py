@@ -7,7 +7,8 @@ outputs, the same batch order; both must give the same weights.
 
 Needs numpy, safetensors and TVM's runtime only (no PyTorch, no compiler), and ml_dtypes for a
 step that stores frozen weights in bfloat16. A step built for an NVIDIA GPU runs there, as in
-the native runner. Exit codes as the native runner's: 0 done; 2 bad input; 3 a step's loss or new state is not finite.
+the native runner. Exit codes as the native runner's: 0 done; 2 bad input; 3 a step's loss
+or new state is not finite.
 """
 from __future__ import annotations
 
