@@ -180,7 +180,8 @@ def load_arrays(path: Path) -> dict:
 def load_tensors(path: Path) -> dict:
     """The tensors of a safetensors file, by name, as numpy arrays; a BF16 one (a frozen
     weight stored so) as ml_dtypes' bfloat16, which safetensors.numpy.load_file does not read
-    and safe_open does."""
+    and safe_open does once ml_dtypes has named it to numpy."""
+    import ml_dtypes  # noqa: F401
     from safetensors import safe_open
 
     with safe_open(str(path), "numpy") as tensors:

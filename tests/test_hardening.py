@@ -462,3 +462,23 @@ def test_saved_arrays_keep_their_shapes(tmp_path):
     save_arrays(tmp_path / "a.npz", arrays)
     back = load_arrays(tmp_path / "a.npz")
     assert {k: v.shape for k, v in back.items()} == {"loss": (), "w": (2, 3)}
+
+
+def test_a_bfloat16_state_reads_in_a_process_that_has_nothing_else_loaded(tmp_path):
+    """A step's state with frozen weights in bfloat16 (safetensors' BF16) reads as ml_dtypes'
+    bfloat16, bit for bit, in a fresh process that imports pipelines.io alone: numpy knows the
+    dtype's name only once ml_dtypes is imported, which TVM or torch otherwise did first."""
+    from safetensors.torch import save_file
+
+    weight = torch.randn(3, 5, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    save_file({"w": weight, "loss": torch.ones(())}, str(tmp_path / "state.safetensors"))
+    read = ("import sys; from pipelines.io import load_tensors; "
+            "t = load_tensors(sys.argv[1]); "
+            "assert 'torch' not in sys.modules and 'tvm' not in sys.modules, sys.modules.keys(); "
+            "print(t['w'].dtype, t['loss'].dtype, t['w'].view('uint16').tolist())")
+    out = subprocess.run([sys.executable, "-c", read, str(tmp_path / "state.safetensors")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(" ", 2)[:2] == ["bfloat16", "float32"]
+    assert out.stdout.split(" ", 2)[2].strip() == str(weight.view(torch.int16).numpy()
+                                                      .view("uint16").tolist())
