@@ -96,6 +96,8 @@ PADDING_ROWS = "pock_padding_rows"
 # A lowered main's attribute, [parameter]: those its framework holds fixed (PyTorch's
 # requires_grad=False: a sinusoidal position table); no scheme trains them.
 FIXED_PARAMETERS = "pock_fixed_parameters"
+
+
 def signature_of(mod: tvm.IRModule) -> dict:
     if not mod.attrs or SIGNATURE not in mod.attrs:
         raise ValueError("the module carries no training-step signature (ir.with_signature)")

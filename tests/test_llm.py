@@ -1,13 +1,14 @@
 """``experiment=llm``'s cases (docs/llm.md) at a reduced config, as CI can afford them: the
 SmolLM-135M and Qwen2.5-0.5B architectures with 2 layers of their own widths (hidden size,
-intermediate size, query and key-value heads), a 4096-token vocabulary and 32 tokens, seeded. Every
-case of the experiment (full BP, the paper's transformer scheme, LoRA on q/v, Qwen2's bias-only;
-AdamW), its frozen weights in bfloat16 as the experiment stores them (and two cases in float32 and
-float16), is built for the host and stepped 3 times beside PyTorch doing the same update on the same
-rounded weights: the losses within 1e-4 relative, frozen weights bit-identical, the trained set
-PyTorch's, and every trained tensor as close to PyTorch's in float64 as PyTorch's own float32 step
-is. A frozen head (every case but full BP) takes its logits and loss over chunks of 16 rows here
-(optimize.loss_chunk_rows; transform/chunk_loss_rows.py), so those chunks are what is checked.
+intermediate size, query and key-value heads), a 4096-token vocabulary and 32 tokens, seeded.
+Every case of the experiment (full BP, the paper's transformer scheme, LoRA on q/v, Qwen2's
+bias-only; AdamW), its frozen weights in bfloat16 as the experiment stores them (and two cases
+in float32 and float16), is built for the host and stepped 3 times beside PyTorch doing the same
+update on the same rounded weights: the losses within 1e-4 relative, frozen weights
+bit-identical, the trained set PyTorch's, and every trained tensor as close to PyTorch's in
+float64 as PyTorch's own float32 step is. A frozen head (every case but full BP) takes its
+logits and loss over chunks of 16 rows here (optimize.loss_chunk_rows;
+transform/chunk_loss_rows.py), so those chunks are what is checked.
 
 Why against float64, and why on steady elements (docs/llm.md, "Parity at a reduced size", has
 the trace): AdamW steps each element by about lr * m / sqrt(v), a full step of the gradient's

@@ -7,10 +7,10 @@ import torch
 
 from pipelines.frontends import load_module
 from pipelines.frontends.torch_module import is_program
-from pipelines.stored_weights import STORED_AS, as_stored
 from pipelines.models.pytorch import hold_statistics
 from pipelines.models.torch_lora import add_adapters, adapted_modules
 from pipelines.schema import ConfigError
+from pipelines.stored_weights import STORED_AS, as_stored
 
 
 def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],

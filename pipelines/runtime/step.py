@@ -14,10 +14,10 @@ from tvm.runtime.vm import VirtualMachine  # the runtime's VM: no compiler neede
 
 import pipelines.threads  # noqa: F401  (TVM's and OpenBLAS's thread counts, before they start)
 from pipelines.io import read_json, verified
-from pipelines.stored_weights import STORED_AS, as_stored
 from pipelines.layout import SIGNATURE
 from pipelines.runtime.checks import BadBatch, check_batch, check_finite, check_shapes
 from pipelines.runtime.cuda import cuda_device, keep
+from pipelines.stored_weights import STORED_AS, as_stored
 
 LIBRARY, BUILT = "step.so", "build.json"
 
@@ -179,8 +179,8 @@ class CompiledStep:
 
 def initial_state(signature: dict, initial: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The step's state before its first call, by input name: ``initial``'s parameters and
-    buffers (a weight the step stores narrower in its dtype: stored_weights.as_stored), and the optimizer
-    state at zero, as in torch.optim."""
+    buffers (a weight the step stores narrower in its dtype: stored_weights.as_stored), and the
+    optimizer state at zero, as in torch.optim."""
     initial = as_stored(signature, initial)
     state = {}
     for name in signature["inputs"][len(signature["data"]):]:

@@ -4,17 +4,17 @@ made just before each reader: the step holds half the bytes for every weight it 
 Sparse backpropagation leaves most of a language model's weights frozen (SmolLM-135M's paper
 scheme: 95% of its 513 MiB), and a frozen weight is only ever read. So it can be stored in the
 16-bit float a released checkpoint already comes in (SmolLM's and Qwen2.5's are bfloat16), and
-widened where it is read. The widened copy is made right before the binding that reads it and
-is dead after it, so only the weights one binding reads are ever float32 at a time; readers of
-the same weight in a row (a chunked LM head's products) share one copy. An elementwise or
-gathering reader (a norm's scale, the embedding's lookup) fuses the widening into its own
-kernel and never makes the copy; a product on OpenBLAS reads it. The arithmetic stays float32,
-so the step computes exactly what float32 PyTorch computes on the rounded weights: the PyTorch
-twin starts from those values (``stored_weights.as_stored``). A product's copy costs the weight's float32
+widened where it is read. The widened copy is made right before the binding that reads it and is
+dead after it, so only the weights one binding reads are ever float32 at a time; readers of the
+same weight in a row (a chunked LM head's products) share one copy. An elementwise or gathering
+reader (a norm's scale, the embedding's lookup) fuses the widening into its own kernel and never
+makes the copy; a product on OpenBLAS reads it. The arithmetic stays float32, so the step
+computes exactly what float32 PyTorch computes on the rounded weights: the PyTorch twin starts
+from those values (``stored_weights.as_stored``). A product's copy costs the weight's float32
 size while it runs: for a tied LM head (SmolLM's embedding, 108 MiB) more at the peak than half
 its storage saves, so the optimize phase also plans the step with the largest weight left
-float32 and keeps the lower plan (pipelines/compile.py). Run after IsolateGemms (whose products read the
-weight itself, not a reshaped copy), before legalization.
+float32 and keeps the lower plan (pipelines/compile.py). Run after IsolateGemms (whose products
+read the weight itself, not a reshaped copy), before legalization.
 
 Before (w frozen, float32)::
 
