@@ -7,12 +7,13 @@ Besides all parameters and the last layer, a channel-sparse selection updates so
 channels of the first layer and some output channels of the last (PyTorch side: full gradient,
 then only the selected slice stepped); its other channels must stay bit-identical.
 Tolerance: loss at every step within 1e-5 relative; weights and optimizer state after the last
-step within rtol 1e-4, atol 1e-6. The all-parameters and channel cases also go through update
-reordering. The state taken out into torch.optim is bit-identical, and PyTorch's next step from
-it matches the next compiled one (loss 1e-5 relative, state rtol 1e-5, atol 1e-7). With
-gradient accumulation, each call's loss and the weights after every optimizer step are PyTorch's
-summing ``loss / steps`` gradients (same tolerances), and between optimizer steps the weights do
-not move at all.
+step within rtol 1e-4, atol 1e-6 (with gradient accumulation, of PyTorch's float32 step, or of
+its float64 step where the float32 one is not within them of it: assert_as_pytorch). The
+all-parameters and channel cases also go through update reordering. The state taken out into
+torch.optim is bit-identical, and PyTorch's next step from it matches the next compiled one
+(loss 1e-5 relative, state rtol 1e-5, atol 1e-7). With gradient accumulation, each call's loss
+and the weights after every optimizer step are PyTorch's summing ``loss / steps`` gradients
+(same tolerances), and between optimizer steps the weights do not move at all.
 
 Each step goes through the library's phases (pipelines/compile.py): training_graph,
 prune (the selection as given), optimize, build for the host profile, every matrix product generated (which
@@ -183,8 +184,9 @@ def test_accumulated_gradients_step_as_pytorch_accumulates(tmp_path, host_profil
     called six times, PyTorch's accumulated_step twice on the same batches."""
     cfg = CONFIGS[name].model_copy(update={"gradient_accumulation_steps": 3})
     compiled = compile_step(tmp_path, host_profile, lowered, cfg, trainable, reorder=True)
-    reference = make_model()
+    reference, exact = make_model(), make_model().double()
     optimizer = make_optimizer(reference, cfg, trainable)
+    exact_optimizer = make_optimizer(exact, cfg, trainable)
     data = [(x, y) for x, y in batches()] + [next(batches())]
     initial = {k: v.numpy().copy() for k, v in compiled.state_dict().items()}
     for group in (data[:3], data[3:6]):
@@ -193,17 +195,33 @@ def test_accumulated_gradients_step_as_pytorch_accumulates(tmp_path, host_profil
             np.testing.assert_array_equal(value.numpy(), initial[key], err_msg=key)
         got += [compiled.step(x, y) for x, y in group[1:]]
         want = accumulated_step(reference, optimizer, group, "classification")
+        accumulated_step(exact, exact_optimizer, [(x.astype("float64"), y) for x, y in group],
+                         "classification")
         assert got == pytest.approx(want, rel=1e-5)
         initial = {k: v.numpy().copy() for k, v in compiled.state_dict().items()}
         for key, value in initial.items():
-            np.testing.assert_allclose(value, reference.state_dict()[key].numpy(),
-                                       rtol=1e-4, atol=1e-6, err_msg=key)
+            assert_as_pytorch(value, reference.state_dict()[key], exact.state_dict()[key], key)
     assert not np.array_equal(initial["2.weight"], make_model().state_dict()["2.weight"].numpy())
     taken = compiled.torch_optimizer(compiled.load_into(make_model())).state_dict()["state"]
+    exact_state = exact_optimizer.state_dict()["state"]
     for index, slots in optimizer.state_dict()["state"].items():
         for slot, value in slots.items():
-            np.testing.assert_allclose(taken[index][slot].numpy(), value.numpy(),
-                                       rtol=1e-4, atol=1e-6, err_msg=f"{index}.{slot}")
+            assert_as_pytorch(taken[index][slot].numpy(), value, exact_state[index][slot],
+                              f"{index}.{slot}")
+
+
+def assert_as_pytorch(ours, pytorch, exact, name, rtol=1e-4, atol=1e-6):
+    """Each element of ``ours`` within rtol / atol of PyTorch's float32 step, or, where that
+    float32 step is itself not within them of PyTorch's float64 step, of the float64 step.
+    AdamW divides by the gradient's root mean square: with 3 micro-batches summed, a tiny
+    gradient's rounding moves PyTorch's float32 update by 1e-4 of the weight on some CPUs
+    (AVX-512: 0.weight[13, 3], 1.3e-5 from the float64 step where the compiled one was 4e-7)."""
+    pytorch, exact = pytorch.numpy(), exact.numpy()
+    close = lambda a, b: np.abs(a - b) <= atol + rtol * np.abs(b)  # noqa: E731
+    agree = close(ours, pytorch) | (~close(pytorch, exact) & close(ours, exact))
+    assert agree.all(), (f"{name}: {int((~agree).sum())} of {agree.size} elements, e.g. "
+                         f"{ours[~agree][:3]} against PyTorch's {pytorch[~agree][:3]} "
+                         f"(float64: {exact[~agree][:3]})")
 
 
 @pytest.mark.parametrize("name", ["sgd_momentum_wd", "adamw"])
