@@ -9,11 +9,10 @@ images that ship it (pipelines/runtime/package.py).
   the benchmark stage (pipelines/evaluate/device.py) records as a verdict;
 - PyTorch's peers train the same case in the device's container (the PyTorch image; for
   torch.compile, with g++ and the headers): three steps' losses equal eager PyTorch's here
-  (rel 1e-5), the trained set the same size; so do
-  the TFLite, ONNX Runtime and ExecuTorch peers (converted here, run by LiteRT's interpreter,
+  (rel 1e-5), the trained set the same size; so do the TensorFlow, TFLite, ONNX Runtime and
+  ExecuTorch peers (saved or converted here, run by TensorFlow's runtime, LiteRT's interpreter,
   ONNX Runtime's training API or ExecuTorch's runtime in an image of their own); one that is
-  killed for memory, or fails,
-  is recorded so, the others still run;
+  killed for memory, or fails, is recorded so, the others still run;
 - the native runner and the Python runner give the same batches, losses and weights, bit for
   bit; the native runner names bad data (exit 2) and stops at a non-finite loss (exit 3);
 - the packaged image (no Python in it) fine-tunes on a tiny mounted data directory; its losses
@@ -26,6 +25,7 @@ images that ship it (pipelines/runtime/package.py).
 The tests that need an engine are slow and skip, with the reason, only where none answers
 (`pock setup` starts one); those that make the runtime layers need mmdebstrap.
 """
+import importlib.util
 import io
 import json
 import tarfile
@@ -165,7 +165,8 @@ def test_pytorch_peers_train_in_the_container_as_on_the_host(client, params, hos
 
 # The on-device engines' peers with the scheme's layers frozen: the library each needs here,
 # its image, and whether it runs the case's SGD with momentum or plain SGD (ONNX Runtime's).
-ENGINE_PEERS = [("tflite_frozen", "ai_edge_litert", "litert", False),
+ENGINE_PEERS = [("tensorflow_frozen", "tensorflow", "tensorflow", False),
+                ("tflite_frozen", "ai_edge_litert", "litert", False),
                 ("ort_training_frozen", "onnxruntime.training", "onnxruntime", True),
                 ("executorch_frozen", "executorch", "executorch", False)]
 
@@ -175,13 +176,17 @@ ENGINE_PEERS = [("tflite_frozen", "ai_edge_litert", "litert", False),
                          ids=[p[0] for p in ENGINE_PEERS])
 def test_engine_peers_train_in_the_container_as_pytorch(client, params, host_step, edge_build,
                                                         peer, library, image, plain_sgd):
-    """TFLite (its model converted here, run by LiteRT's interpreter), ONNX Runtime training
+    """TensorFlow (its step saved here, run by TensorFlow's runtime), TFLite (its model
+    converted here, run by LiteRT's interpreter), ONNX Runtime training
     (its artifacts made here, run by its training API) and ExecuTorch training (its program
     made here, run by its runtime), each in the device's container in an image of its own
     runtime, do PyTorch's update with the same layers frozen: three steps' losses within 1e-5,
     the first the compiled step's. (Their full-BP twins share the path; on the host both are
     checked, test_peers.py.)"""
-    pytest.importorskip(library, reason="pip install -e '.[peers]'")
+    # found, not imported: TensorFlow's import would load Keras on its backend for the rest of
+    # this worker (tests/test_peers.py)
+    if importlib.util.find_spec(library.split(".")[0]) is None:
+        pytest.skip(f"{library} is not installed: pip install -e '.[peers]'")
     from pipelines.evaluate.device import run_on_device
     from pipelines.frontends.twin import torch_twin
     from pipelines.models.pytorch import make_optimizer, selection_of, train_step

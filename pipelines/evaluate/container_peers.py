@@ -6,8 +6,10 @@ same core and memory limits as the compiled step (runners/docker.py), with the o
 trainable set the peer has on the host (pipelines/peers). On an 8 GiB board the question is
 whether the step fits at all: its verdict (ok / out_of_memory) and its process's peak, measured
 as the compiled step's are. Its first loss is checked against the host build's on the same
-batch; its step times are this machine's cores, labelled container. The TFLite peers' model is
-converted here and trained by LiteRT's interpreter in an image of LiteRT and numpy; ONNX
+batch; its step times are this machine's cores, labelled container. The TensorFlow peers' step
+is saved here as a SavedModel and run by TensorFlow's runtime in an image of TensorFlow; the
+TFLite peers' model is converted here and trained by LiteRT's interpreter in an image of LiteRT
+and numpy; ONNX
 Runtime's training artifacts are made here and run by its training API in an image of ONNX
 Runtime and numpy; ExecuTorch's program is made here and run by its runtime in the PyTorch image
 with ExecuTorch. A peer that cannot do the case (PEFT LoRA of a case without adapters, TFLite of
@@ -123,17 +125,32 @@ def _run_pytorch(peer, frozen, profile, model, signature, initial, optimizer, ba
         return run_peer(program, plan, list(batch), profile, warmup, steps)
 
 
+def _run_tensorflow(peer, frozen, profile, model, signature, initial, optimizer, batch, warmup,
+                    steps):
+    """A TensorFlow peer: its step saved here as a SavedModel (traced ahead of time, as an
+    app's model is), run by TensorFlow's runtime in the container (tensorflow_in_container.py);
+    it trains what PyTorch's twin of the same scheme trains."""
+    from pipelines.peers.tensorflow_step import channels_last, saved_step
+    from pipelines.runtime.runners.docker import run_tensorflow_peer
+
+    with tempfile.TemporaryDirectory(prefix="pock-peer-") as tmp:
+        saved = Path(tmp) / "saved_model"
+        saved_step(_spec(profile, initial, model, optimizer, warmup, steps), signature, frozen,
+                   batch, saved)
+        x, labels = channels_last(batch)
+        ran = run_tensorflow_peer(saved, {"x": x, "labels": labels}, profile, warmup, steps)
+    return {**ran, **_trained(*peer_twin(model, initial, signature, frozen))}
+
+
 def _run_tflite(peer, frozen, profile, model, signature, initial, optimizer, batch, warmup, steps):
     """A TFLite peer: its model converted here (as a phone's is, ahead of time), trained by
     LiteRT's interpreter in the container (tflite_in_container.py); it trains what PyTorch's
     twin of the same scheme trains."""
-    from pipelines.evaluate.speed import Spec
     from pipelines.peers.tensorflow_step import channels_last
     from pipelines.peers.tflite_training import converted
     from pipelines.runtime.runners.docker import run_tflite_peer
 
-    spec = Spec(cores=profile.cores, warmup=warmup, steps=steps, batch=Path(), build=Path(),
-                initial=initial, model=model, optimizer=optimizer)
+    spec = _spec(profile, initial, model, optimizer, warmup, steps)
     x, labels = channels_last(batch)
     ran = run_tflite_peer(converted(spec, signature, frozen, batch), {"x": x, "labels": labels},
                           profile, warmup, steps)
@@ -167,6 +184,15 @@ def _run_executorch(peer, frozen, profile, model, signature, initial, optimizer,
     return {**ran, **_trained(twin, names)}
 
 
+def _spec(profile, initial: dict, model, optimizer, warmup: int, steps: int):
+    """The TensorFlow peers' view of the case (evaluate/speed.py's Spec): what their step is
+    traced from."""
+    from pipelines.evaluate.speed import Spec
+
+    return Spec(cores=profile.cores, warmup=warmup, steps=steps, batch=Path(), build=Path(),
+                initial=initial, model=model, optimizer=optimizer)
+
+
 def _trained(twin, names: list[str]) -> dict:
     """What a peer whose script does not count it trains: ``names`` of ``twin``."""
     params = dict(twin.named_parameters())
@@ -180,6 +206,8 @@ COMPILED = {"torch_compile_full"}
 IN_CONTAINER = {"torch_eager_full": (_run_pytorch, False),
                 "torch_eager_frozen": (_run_pytorch, True),
                 "torch_compile_full": (_run_pytorch, False), "peft_lora": (_run_pytorch, None),
+                "tensorflow_full": (_run_tensorflow, False),
+                "tensorflow_frozen": (_run_tensorflow, True),
                 "tflite_full": (_run_tflite, False), "tflite_frozen": (_run_tflite, True),
                 "ort_training_full": (_run_ort, False), "ort_training_frozen": (_run_ort, True),
                 "executorch_full": (_run_executorch, False),

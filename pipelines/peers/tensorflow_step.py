@@ -9,7 +9,11 @@ The model is translated module by module from the twin (``Translation``): convol
 (dense and depthwise), batch norms (batch statistics and running statistics updated as
 PyTorch's; held ones normalise with their running statistics), ReLU6, linear layers and the
 inverted residual blocks. Other models are not translated: the peer says so. The TFLite peers
-(tflite_training.py) trace the same step with their own convolutions and ReLU6.
+(tflite_training.py) trace the same step with their own convolutions, ReLU6 and loss.
+
+In a device's container the step is a SavedModel (``saved_step``: a ``train`` signature over
+the model's state as variables), made here in a process of its own and run by TensorFlow's
+runtime there (runtime/tensorflow_in_container.py), as the TFLite peers' model is.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import importlib.util
 
 MODEL_SOURCE = "pipelines/models/mobilenetv2.py"
 IMPORTS = ("tensorflow",)
+JOB = "job.pickle"  # what ``made_apart`` hands its process
 
 
 def cannot_time(signature: dict, model) -> str | None:
@@ -33,7 +38,8 @@ def cannot_time(signature: dict, model) -> str | None:
 
 
 class NativeOps:
-    """The operators whose gradients TensorFlow's own kernels compute."""
+    """The operators whose gradients TensorFlow's own kernels compute; ``cross_entropy(logits,
+    labels)``: each example's."""
 
     def __init__(self):
         import tensorflow as tf
@@ -42,12 +48,15 @@ class NativeOps:
         self.conv2d = lambda x, kernel, stride: tf.nn.conv2d(x, kernel, stride, "VALID")
         self.depthwise_conv2d = lambda x, kernel, stride: tf.nn.depthwise_conv2d(
             x, kernel, [1, stride, stride, 1], "VALID")
+        self.cross_entropy = lambda logits, labels: (
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
 
 
 class Translation:
     """The twin's modules as TensorFlow functions of channels-last tensors, with a variable
-    per parameter and running statistic (by the twin's names); ``ops``: the convolutions and
-    ReLU6 (NativeOps, or the TFLite peers' with gradients in TFLite's builtin operators)."""
+    per parameter and running statistic (by the twin's names); ``ops``: the convolutions,
+    ReLU6 and loss (NativeOps, or the TFLite peers' with gradients in TFLite's builtin
+    operators)."""
 
     def __init__(self, twin, trained: list[str], ops=None):
         import tensorflow as tf
@@ -159,9 +168,73 @@ def tf_step(spec, signature, batch, frozen: bool):
     # converting writes a source file per function into /tmp, left there
     @tf.function(autograph=False)
     def step():
-        return train(x, labels, lambda logits, labels:
-                     tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+        return train(x, labels)
     return lambda: float(step())
+
+
+def save_step(spec, signature, frozen: bool, batch, ops, directory) -> None:
+    """The peer's step with ``ops`` as a SavedModel in ``directory``: one signature,
+    ``train(x, labels) -> {loss}``, which updates the model's state (weights, statistics,
+    momentum buffers: variables the model holds) in place."""
+    import tensorflow as tf
+
+    x, labels = channels_last(batch)
+
+    class Module(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.step = TrainStep(spec, signature, frozen, ops)
+            # tracked, so the model holds them
+            self.state = [*self.step.model.variables.values(), *self.step.buffers]
+
+        # autograph off: nothing to convert
+        @tf.function(input_signature=[tf.TensorSpec(x.shape, tf.float32),
+                                      tf.TensorSpec(labels.shape, tf.int64)], autograph=False)
+        def train(self, x, labels):
+            return {"loss": self.step(x, labels)}
+
+    module = Module()
+    # The gradients are traced into ``train`` already: saving the custom gradients' functions
+    # as well (the default) slowed the TFLite conversion by half.
+    tf.saved_model.save(module, str(directory), signatures={"train": module.train},
+                        options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
+
+
+def made_apart(module: str, job: tuple, out, what: str) -> None:
+    """``python -m module SCRATCH OUT`` run on ``job`` (pickled into SCRATCH) to make ``out``:
+    a model made ahead of time, as a phone's is, in a process of its own, so that TensorFlow's
+    tracing and conversion memory is not the training step's. Its temporary files (autograph
+    writes its wrappers as source files, removed at an exit a forked process skips) go in
+    SCRATCH, removed after it. Raises RuntimeError saying ``what`` failed, with its last line."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="pock-tf-") as scratch:
+        (Path(scratch) / JOB).write_bytes(pickle.dumps(job))
+        done = subprocess.run([sys.executable, "-m", module, scratch, str(out)],
+                              capture_output=True, text=True,
+                              env={**os.environ, "TMPDIR": scratch})
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+            raise RuntimeError(f"{what}: {lines[-1]}")
+
+
+def job_of(scratch: str) -> tuple:
+    """The job ``made_apart`` handed this process."""
+    import pickle
+    from pathlib import Path
+
+    return pickle.loads((Path(scratch) / JOB).read_bytes())
+
+
+def saved_step(spec, signature, frozen: bool, batch, directory) -> None:
+    """``save_step``'s SavedModel of TensorFlow's own step, made apart into ``directory``."""
+    made_apart(__name__, (spec, signature, frozen, batch), directory,
+               "saving TensorFlow's step")
 
 
 def channels_last(batch) -> tuple:
@@ -189,11 +262,11 @@ class TrainStep:
         self.buffers = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.trained]
         self.optimizer = spec.optimizer
 
-    def __call__(self, x, labels, cross_entropy):
-        """The step's loss; ``cross_entropy(logits, labels)``: each example's."""
+    def __call__(self, x, labels):
+        """The step's loss."""
         from pipelines.tasks import IGNORE_INDEX
 
-        tf, optimizer = self.tf, self.optimizer
+        tf, optimizer, cross_entropy = self.tf, self.optimizer, self.model.ops.cross_entropy
         lr, momentum, decay = optimizer.lr, optimizer.momentum, optimizer.weight_decay
         with tf.GradientTape() as tape:
             logits = self.model.forward(x)
@@ -217,3 +290,9 @@ def first_losses(spec, signature, batch, steps: int, frozen: bool) -> tuple[list
 
     return losses_beside_pytorch(tf_step(spec, signature, batch, frozen), spec, signature, batch,
                                  steps, frozen, spec.optimizer)
+
+
+if __name__ == "__main__":  # saved_step's process: python -m pipelines.peers.tensorflow_step
+    import sys
+
+    save_step(*job_of(sys.argv[1]), NativeOps(), sys.argv[2])

@@ -25,7 +25,6 @@ import importlib.util
 from pipelines.peers.tensorflow_step import cannot_time as tensorflow_cannot_time
 
 IMPORTS = ("ai_edge_litert.interpreter",)  # TensorFlow converts, in a process of its own
-JOB, MODEL = "job.pickle", "model.tflite"  # what ``converted`` hands its process, and gets back
 
 
 def cannot_time(signature: dict, model) -> str | None:
@@ -43,6 +42,12 @@ class BuiltinOps:
 
         self.tf = tf
         self.relu6 = tf.custom_gradient(self._relu6)
+
+    def cross_entropy(self, logits, labels):
+        """Each example's: the log-softmax at its label, whose gradient is in builtins."""
+        tf = self.tf
+        return -tf.reduce_sum(tf.one_hot(labels, logits.shape[-1]) * tf.nn.log_softmax(logits),
+                              axis=-1)
 
     def _relu6(self, x):
         tf = self.tf
@@ -120,34 +125,10 @@ def convert(spec, signature, frozen: bool, batch) -> bytes:
 
     import tensorflow as tf
 
-    from pipelines.peers.tensorflow_step import TrainStep, channels_last
+    from pipelines.peers.tensorflow_step import save_step
 
-    x, labels = channels_last(batch)
-
-    class Module(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.step = TrainStep(spec, signature, frozen, BuiltinOps())
-            # tracked, so the model holds them: the weights, statistics and momentum buffers
-            self.state = [*self.step.model.variables.values(), *self.step.buffers]
-
-        # autograph off: nothing to convert
-        @tf.function(input_signature=[tf.TensorSpec(x.shape, tf.float32),
-                                      tf.TensorSpec(labels.shape, tf.int64)], autograph=False)
-        def train(self, x, labels):
-            return {"loss": self.step(x, labels, cross_entropy)}
-
-    def cross_entropy(logits, labels):
-        return -tf.reduce_sum(tf.one_hot(labels, logits.shape[-1]) * tf.nn.log_softmax(logits),
-                              axis=-1)
-
-    module = Module()
     with tempfile.TemporaryDirectory() as saved:
-        # The gradients are traced into ``train`` already: saving their functions as well
-        # (the default for custom gradients) took 10 of the conversion's 26 s.
-        tf.saved_model.save(module, saved, signatures={"train": module.train},
-                            options=tf.saved_model.SaveOptions(
-                                experimental_custom_gradients=False))
+        save_step(spec, signature, frozen, batch, BuiltinOps(), saved)
         converter = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=["train"])
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
         converter.experimental_enable_resource_variables = True
@@ -155,27 +136,17 @@ def convert(spec, signature, frozen: bool, batch) -> bytes:
 
 
 def converted(spec, signature, frozen: bool, batch) -> bytes:
-    """``convert``'s model, made in a process of its own (this module run as a script), as a
-    phone's model is converted ahead of time: the converter's memory (TensorFlow's traced
-    graphs, MLIR) is not the training step's. Its temporary files (autograph writes its
-    wrappers as source files, removed at an exit a forked process skips) go in a directory
-    removed after it."""
-    import os
-    import pickle
-    import subprocess
-    import sys
+    """``convert``'s model, made apart (tensorflow_step.made_apart): the converter's memory
+    (TensorFlow's traced graphs, MLIR) is not the training step's."""
     import tempfile
     from pathlib import Path
 
-    with tempfile.TemporaryDirectory(prefix="pock-tflite-") as scratch:
-        job = Path(scratch)
-        (job / JOB).write_bytes(pickle.dumps((spec, signature, frozen, batch)))
-        done = subprocess.run([sys.executable, "-m", __name__, scratch], capture_output=True,
-                              text=True, env={**os.environ, "TMPDIR": scratch})
-        if done.returncode != 0:
-            lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
-            raise RuntimeError(f"converting to TFLite: {lines[-1]}")
-        return (job / MODEL).read_bytes()
+    from pipelines.peers.tensorflow_step import made_apart
+
+    with tempfile.TemporaryDirectory(prefix="pock-tflite-") as out:
+        model = Path(out) / "model.tflite"
+        made_apart(__name__, (spec, signature, frozen, batch), model, "converting to TFLite")
+        return model.read_bytes()
 
 
 def tflite_step(spec, signature, batch, frozen: bool):
@@ -200,10 +171,10 @@ def first_losses(spec, signature, batch, steps: int, frozen: bool) -> tuple[list
                                  batch, steps, frozen, spec.optimizer)
 
 
-if __name__ == "__main__":  # converted's process: python -m pipelines.peers.tflite_training DIR
-    import pickle
+if __name__ == "__main__":  # converted's process: python -m pipelines.peers.tflite_training
     import sys
     from pathlib import Path
 
-    job = Path(sys.argv[1])
-    (job / MODEL).write_bytes(convert(*pickle.loads((job / JOB).read_bytes())))
+    from pipelines.peers.tensorflow_step import job_of
+
+    Path(sys.argv[2]).write_bytes(convert(*job_of(sys.argv[1])))

@@ -225,8 +225,9 @@ def _container_peers_table(benchmarks: dict) -> list[str]:
     if not rows:
         return []
     lines = ["", "Peers in the same container, after the compiled step (PyTorch's and PEFT's "
-             "twin from the same values, exported with its loss; TFLite's model converted, ONNX "
-             "Runtime's training artifacts and ExecuTorch's program made here; the same "
+             "twin from the same values, exported with its loss; TensorFlow's step saved, "
+             "TFLite's model converted, ONNX Runtime's training artifacts and ExecuTorch's "
+             "program made here; the same "
              "optimizer and trainable set as on the host):", "",
              "| case | device | peer | verdict | peak memory | first loss vs the host build | "
              "step latency | compiled step vs it |", "|---|---|---|---|---|---|---|---|"]

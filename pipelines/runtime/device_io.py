@@ -11,6 +11,7 @@ import numpy as np
 ON_DEVICE = Path(__file__).with_name("on_device.py")
 PEER_IN_CONTAINER = Path(__file__).with_name("peer_in_container.py")
 TFLITE_IN_CONTAINER = Path(__file__).with_name("tflite_in_container.py")
+TENSORFLOW_IN_CONTAINER = Path(__file__).with_name("tensorflow_in_container.py")
 ORT_IN_CONTAINER = Path(__file__).with_name("ort_in_container.py")
 EXECUTORCH_IN_CONTAINER = Path(__file__).with_name("executorch_in_container.py")
 SAMPLED_PEAK = Path(__file__).with_name("sampled_peak.py")  # the scripts import it

@@ -8,7 +8,8 @@ An image is a stack of layer tarballs:
 3. for a package, the application (pipelines/runtime/package.py); for PyTorch's peers in a
    device's container, PyTorch's CPU wheel (``pytorch_layers``; for ``torch.compile``'s, over a
    Debian with g++ and Python's headers, and with PyTorch's own: ``torch_compile_layers``); for
-   the TFLite peers, LiteRT's (``litert_layers``); for ONNX Runtime's, its training wheel
+   the TensorFlow peers, TensorFlow's (``tensorflow_layers``); for the TFLite peers, LiteRT's
+   (``litert_layers``); for ONNX Runtime's, its training wheel
    (``ort_layers``); for ExecuTorch's, its wheel over PyTorch's (``executorch_layers``).
 Every layer is a deterministic tar (sorted names, zero times and owners) and the image config
 has fixed times, so the image ID, the sha256 of the config, is a hash of the content: the same
@@ -52,6 +53,14 @@ PYTORCH_UNUSED = ["torch/include", "torch/test", "torch/share"]
 # it keys its kernel cache by a checksum of the preprocessed headers that it asks openssl for
 TORCH_COMPILE_DEBIAN = [*DEBIAN, "g++", "python3-dev", "openssl"]
 PYTORCH_HEADERS = "torch/include"
+# TensorFlow's CPU wheel (x86-64 only: on Arm, PyPI's CPU build is the `tensorflow` wheel) and
+# what `import tensorflow` and loading a SavedModel import, for the TensorFlow peers' image;
+# without its C++ headers (a fifth of the wheel), which running a saved step never reads
+TENSORFLOW_WHEELS = ["tensorflow-cpu", "numpy", "absl-py", "protobuf", "ml_dtypes", "wrapt",
+                     "typing_extensions", "gast", "astunparse", "six", "termcolor", "opt_einsum",
+                     "packaging", "flatbuffers", "requests", "urllib3", "idna", "certifi",
+                     "charset-normalizer"]
+TENSORFLOW_UNUSED = ["tensorflow/include"]
 # LiteRT's interpreter imports only itself and numpy, for the TFLite peers' image
 LITERT_WHEELS = ["ai-edge-litert", "numpy"]
 # ONNX Runtime training's API needs only its own wheel and numpy (runtime/ort_in_container.py)
@@ -262,6 +271,14 @@ def torch_compile_layers(arch: str) -> list[Path]:
     _known(arch)
     return [debian_layer(arch, TORCH_COMPILE_DEBIAN),
             python_layer(arch, PYTORCH_WHEELS, "pytorch", PYTORCH_UNUSED), headers_layer(arch)]
+
+
+def tensorflow_layers(arch: str) -> list[Path]:
+    """Debian and TensorFlow (CPU), the versions installed here, no TVM: what a TensorFlow peer
+    needs to run its saved step in a device's container (evaluate/container_peers.py)."""
+    _known(arch)
+    return [debian_layer(arch),
+            python_layer(arch, TENSORFLOW_WHEELS, "tensorflow", TENSORFLOW_UNUSED)]
 
 
 def litert_layers(arch: str) -> list[Path]:

@@ -3,7 +3,7 @@ network), running on_device.py in the runtime image (Debian, TVM, numpy: runtime
 step that does not fit the memory is killed as it would be on the device, and recorded as out
 of memory. Its step times are this machine's cores, labelled container. Peers
 (``docker.peers``) train the same case in the same limits, in the PyTorch image (with a C++
-compiler for ``torch.compile``), LiteRT's, ONNX Runtime's or ExecuTorch's
+compiler for ``torch.compile``), TensorFlow's, LiteRT's, ONNX Runtime's or ExecuTorch's
 (pipelines/evaluate/container_peers.py)."""
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from typing import Literal
 from pydantic import PositiveFloat
 
 from pipelines.runtime.device_io import (EXECUTORCH_IN_CONTAINER, ON_DEVICE, ORT_IN_CONTAINER,
-                                         PEER_IN_CONTAINER, SAMPLED_PEAK, TFLITE_IN_CONTAINER,
+                                         PEER_IN_CONTAINER, SAMPLED_PEAK,
+                                         TENSORFLOW_IN_CONTAINER, TFLITE_IN_CONTAINER,
                                          libraries_beside, read_outputs, save_inputs)
 from pipelines.schema import Strict
 
@@ -31,12 +32,12 @@ class Config(Strict):
     """A profile's ``docker``: how long a container may run, and which peers train the case in
     the same limits after the compiled step (PyTorch eager full backpropagation; eager with the
     scheme's frozen layers frozen; ``torch.compile`` full backpropagation; PEFT LoRA, for a
-    LoRA case; TFLite, full or frozen, for MobileNetV2; ONNX Runtime training, full or frozen;
-    ExecuTorch training, full or frozen, with SGD)."""
+    LoRA case; TensorFlow and TFLite, full or frozen, for MobileNetV2; ONNX Runtime training,
+    full or frozen; ExecuTorch training, full or frozen, with SGD)."""
 
     timeout_s: PositiveFloat = 900
     peers: list[Literal["torch_eager_full", "torch_eager_frozen", "torch_compile_full",
-                        "peft_lora", "tflite_full",
+                        "peft_lora", "tensorflow_full", "tensorflow_frozen", "tflite_full",
                         "tflite_frozen", "ort_training_full", "ort_training_frozen",
                         "executorch_full", "executorch_frozen"]] = []
 
@@ -131,6 +132,17 @@ def run_peer(program: Path, plan: dict, args: list, profile, warmup: int, steps:
     return _run_script(profile, layers, name, PEER_IN_CONTAINER,
                        {"program.pt2": program, "plan.json": json.dumps(plan).encode(),
                         "inputs.npz": _npz(args)}, [warmup, steps])
+
+
+def run_tensorflow_peer(saved: Path, inputs: dict, profile, warmup: int, steps: int) -> dict:
+    """tensorflow_in_container.py's results for ``saved`` (a SavedModel directory with a
+    ``train`` signature) on ``inputs`` (its arguments by name), in the TensorFlow image in the
+    profile's limits; raises images.OutOfMemory when it does not fit."""
+    from pipelines.runtime.images import tensorflow_layers
+
+    return _run_script(profile, tensorflow_layers, "tensorflow", TENSORFLOW_IN_CONTAINER,
+                       {"saved_model": saved, "inputs.npz": _npz(inputs)},
+                       [warmup, steps, profile.cores])
 
 
 def run_tflite_peer(model: bytes, inputs: dict, profile, warmup: int, steps: int) -> dict:
