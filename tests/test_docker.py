@@ -185,7 +185,7 @@ def test_engine_peers_train_in_the_container_as_pytorch(client, params, host_ste
     checked, test_peers.py.)"""
     # found, not imported: TensorFlow's import would load Keras on its backend for the rest of
     # this worker (tests/test_peers.py)
-    if importlib.util.find_spec(library.split(".")[0]) is None:
+    if importlib.util.find_spec(library) is None:
         pytest.skip(f"{library} is not installed: pip install -e '.[peers]'")
     from pipelines.evaluate.device import run_on_device
     from pipelines.frontends.twin import torch_twin
