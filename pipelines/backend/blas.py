@@ -5,9 +5,9 @@ PyPI), whichever a measurement on the device finds faster.
 - generated: the operands a kernel reads transposed are transposed first, by kernels of their
   own, and the product is the plain ``gemm_nn``, which the default schedules vectorise well (a
   transpose folded into the product's reads made the llama_tiny step 1.6x slower);
-- openblas: ``R.call_dps_packed("pockengine_sgemm_<XY>", ...)``, implemented in
-  ``openblas_sgemm.cc``; compiled and linked into the step's library, with OpenBLAS's shared
-  library beside it (found through the rpath ``$ORIGIN``). The Relax VM calls it directly.
+- openblas: ``R.call_dps_packed("pockengine_sgemm_<XY>", ...)`` (``..._<XY>_bf16`` where the
+  second operand is a frozen weight stored as bfloat16), implemented in ``openblas_sgemm.cc``;
+  compiled and linked into the step's library, with OpenBLAS's shared library beside it (found through the rpath ``$ORIGIN``). The Relax VM calls it directly.
 
 Only a device the build can measure (pipelines/profiles.py: runs_here; runner local or docker,
 this machine's CPU) is switched; for the others every product stays generated, and the
@@ -26,6 +26,7 @@ import tvm
 from tvm import relax, te, tirx, topi
 
 from pipelines.backend.cpu_schedules import with_cpu_schedules
+from pipelines.ir import dtype_of
 from pipelines.kernels.gemm import GEMM, gemm_kernel
 from pipelines.timing import step_times
 
@@ -50,6 +51,24 @@ def _operand_shapes(func: tirx.PrimFunc) -> list[list[int]]:
     return [[int(d) for d in p.shape] for p in func.params]
 
 
+def _operand_dtypes(func: tirx.PrimFunc) -> list[str]:
+    return [str(p.dtype) for p in func.params]
+
+
+def _tensor(values: np.ndarray, dtype: str, device):
+    """float32 ``values`` as a tensor of ``dtype``."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return tvm.runtime.tensor(values.astype(ml_dtypes.bfloat16), device)
+    return tvm.runtime.tensor(values.astype(dtype), device)
+
+
+def openblas_function(func: tirx.PrimFunc) -> str:
+    """The shim's function for gemm kernel ``func``."""
+    suffix = "_bf16" if _operand_dtypes(func)[1] == "bfloat16" else ""
+    return f"pockengine_sgemm_{func.attrs[GEMM]}{suffix}"
+
+
 @functools.cache
 def _scratch() -> Path:
     """This process's scratch directory for the shim, removed when the process exits."""
@@ -72,7 +91,7 @@ def shim_object() -> Path:
     # The headers' check macros embed __FILE__: map the checkout and site-packages away so a
     # step library is the same bytes whichever directory it was built in.
     site_packages = Path(tvm_ffi.__file__).parents[1]
-    command = ["g++", "-c", "-fPIC", "-O2", "-std=c++17",
+    command = ["g++", "-c", "-fPIC", "-O3", "-std=c++17",  # -O3: the widening vectorised
                f"-ffile-prefix-map={SHIM.parent}=pipelines",
                f"-ffile-prefix-map={site_packages}=site-packages",
                f"-I{tvm_ffi.libinfo.find_include_path()}",
@@ -118,8 +137,8 @@ def _time(function, args, lost_ms: float = float("inf")) -> float:
     return float(np.median(first + step_times(lambda: function(*args), 0, REPEATS - 1)))
 
 
-def _transpose_kernel(shape: list[int]) -> tirx.PrimFunc:
-    x = te.placeholder(shape, "float32", "x")
+def _transpose_kernel(shape: list[int], dtype: str) -> tirx.PrimFunc:
+    x = te.placeholder(shape, dtype, "x")
     axes = [*range(len(shape) - 2), len(shape) - 1, len(shape) - 2]
     return te.create_prim_func([x, topi.transpose(x, axes)]).without_attr("global_symbol")
 
@@ -133,10 +152,11 @@ def generated_parts(func: tirx.PrimFunc) -> list[tuple[tirx.PrimFunc, list[int]]
     reads transposed, then ``gemm_nn``; each with the operand it reads (0, 1, or both)."""
     trans = str(func.attrs[GEMM])
     a, b, _ = _operand_shapes(func)
-    parts = [(_transpose_kernel(shape), [i]) for i, (shape, t) in enumerate(zip((a, b), trans))
-             if t == "t"]
+    dtypes = _operand_dtypes(func)
+    parts = [(_transpose_kernel(shape, dtypes[i]), [i])
+             for i, (shape, t) in enumerate(zip((a, b), trans)) if t == "t"]
     plain = [_swapped(s) if t == "t" else s for s, t in zip((a, b), trans)]
-    return parts + [(gemm_kernel(plain[0], plain[1], "nn"), [0, 1])]
+    return parts + [(gemm_kernel(plain[0], plain[1], "nn", dtypes[1]), [0, 1])]
 
 
 def measure(mod: tvm.IRModule, target) -> dict[str, dict]:
@@ -147,16 +167,16 @@ def measure(mod: tvm.IRModule, target) -> dict[str, dict]:
     for name, func in sorted(gemm_kernels(mod).items()):
         trans = str(func.attrs[GEMM])
         shapes = _operand_shapes(func)
-        a, b, c = (tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32), device)
-                   for s in shapes)
-        openblas = _time(blas[f"pockengine_sgemm_{trans}"], [a, b, c])
+        a, b, c = (_tensor(rng.standard_normal(s, dtype=np.float32), dtype, device)
+                   for s, dtype in zip(shapes, _operand_dtypes(func)))
+        openblas = _time(blas[openblas_function(func)], [a, b, c])
         generated = 0.0
         for part, _ in generated_parts(func):
             scheduled, _ = with_cpu_schedules(tvm.IRModule({"main": part.with_attr(
                 "global_symbol", "main")}), target)
             kernel = tvm.compile(scheduled, target=target)["main"]
-            ins = [tvm.runtime.tensor(np.zeros(s, np.float32), device)
-                   for s in _operand_shapes(part)]
+            ins = [_tensor(np.zeros(s, np.float32), dtype, device)
+                   for s, dtype in zip(_operand_shapes(part), _operand_dtypes(part))]
             generated += _time(kernel, ins, DECIDED * MARGIN * openblas)
         rows[name] = {"shapes": shapes, "transposed": trans, "generated_ms": generated,
                       "openblas_ms": openblas,
@@ -186,14 +206,13 @@ class _Switch(relax.PyExprMutator):
             return call
         operands = list(call.args[1].fields)
         if self.backends.get(name) == "openblas":
-            return relax.call_dps_packed(f"pockengine_sgemm_{func.attrs[GEMM]}",
-                                         operands, original.ty)
+            return relax.call_dps_packed(openblas_function(func), operands, original.ty)
         *transposes, (product, _) = generated_parts(func)
         for kernel, (index,) in transposes:
             shape = _swapped([int(d) for d in operands[index].ty.shape])
             operands[index] = self.builder_.emit(relax.call_tir(
                 self._add(kernel, "transpose_operand"), [operands[index]],
-                relax.TensorType(shape, "float32")))
+                relax.TensorType(shape, dtype_of(operands[index]))))
         return relax.call_tir(self._add(product, "gemm_nn"), operands, original.ty)
 
 

@@ -6,10 +6,14 @@ scheme: 95% of its 513 MiB), and a frozen weight is only ever read. So it can be
 16-bit float a released checkpoint already comes in (SmolLM's and Qwen2.5's are bfloat16), and
 widened where it is read. The widened copy is made right before the binding that reads it and is
 dead after it, so only the weights one binding reads are ever float32 at a time; readers of the
-same weight in a row (a chunked LM head's products) share one copy. An elementwise or gathering
-reader (a norm's scale, the embedding's lookup) fuses the widening into its own kernel and never
-makes the copy; a product on OpenBLAS reads it. The arithmetic stays float32, so the step
-computes exactly what float32 PyTorch computes on the rounded weights: the PyTorch twin starts
+same weight in a row share one copy. An elementwise or gathering reader (a norm's scale, the
+embedding's lookup) fuses the widening into its own kernel and never makes the copy. A 2-D
+product that reads a bfloat16 weight as its second operand, untransposed or transposed (every
+linear layer's, and a tied LM head's both ways), reads it in bfloat16 itself
+(kernels/gemm.py): no copy, and on OpenBLAS the weight is widened a cache-sized tile at a time
+inside the call (backend/openblas_sgemm.cc), not written out whole and read back. A float16
+weight's products, and those of other layouts, read a copy. The arithmetic stays float32, so
+the step computes what float32 PyTorch computes on the rounded weights: the PyTorch twin starts
 from those values (``stored_weights.as_stored``). A product's copy costs the weight's float32
 size while it runs: for a tied LM head (SmolLM's embedding, 108 MiB) more at the peak than half
 its storage saves, so the optimize phase also plans the step with the largest weight left
@@ -26,36 +30,85 @@ After (``dtype`` float16)::
     def train_step(x, labels, w: R.Tensor((out, in), "float16"), ...):
         w_f32 = R.astype(w, "float32")
         y = R.call_tir(gemm_nt, (x, w_f32), ...)
+
+After (``dtype`` bfloat16; ``gemm_nt`` now reads a bfloat16 ``B``)::
+
+    def train_step(x, labels, w: R.Tensor((out, in), "bfloat16"), ...):
+        y = R.call_tir(gemm_nt, (x, w), ...)
 """
 from __future__ import annotations
 
 import math
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 
 from pipelines.ir import dtype_of, shape_of, signature_of, with_signature
+from pipelines.kernels.gemm import GEMM, gemm_kernel
 from pipelines.stored_weights import STORED_AS
 
 DTYPES = ("float32", "float16", "bfloat16")  # float32: stored as they are
 
 
+DIRECT = ("nn", "nt")  # the layouts of a product whose second operand it reads in bfloat16
+
+
 @relax.expr_functor.mutator
 class _Widen(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, old: dict, new: dict):
+    def __init__(self, mod: tvm.IRModule, old: dict, new: dict, dtype: str):
         super().__init__(mod)
-        self.old, self.new = old, new  # name -> the float32 parameter, the stored one
+        self.mod, self.old, self.new = mod, old, new  # name -> the float32 parameter, the stored
+        self.direct = dtype == "bfloat16"  # products read the stored weight themselves
         self.live: dict = {}  # name -> the float32 copy the last reader read
+        self.kernels: dict = {}  # (shapes, layout) -> the product kernel reading bfloat16
+
+    def _gemm(self, call) -> tirx.PrimFunc | None:
+        """The product kernel ``call`` calls, or None."""
+        if not isinstance(call, relax.Call) or getattr(call.op, "name", "") != "relax.call_tir":
+            return None
+        func = self.mod[call.args[0].name_hint]
+        return func if isinstance(func, tirx.PrimFunc) and GEMM in (func.attrs or {}) else None
+
+    def _read_directly(self, value) -> set[str]:
+        """The stored weight a 2-D product of layout DIRECT reads as its second operand (and
+        not as its first), which it then reads stored: at most one name."""
+        func = self._gemm(value) if self.direct else None
+        if func is None or str(func.attrs[GEMM]) not in DIRECT:
+            return set()
+        a, b = value.args[1].fields
+        if (not isinstance(b, relax.Var) or b.name not in self.old or a.same_as(b)
+                or not b.same_as(self.old[b.name]) or len(shape_of(b)) != 2
+                or len(shape_of(a)) != 2):
+            return set()
+        return {b.name}
 
     def visit_var_binding_(self, binding):
         read = {v.name for v in relax.analysis.free_vars(binding.value)
                 if v.name in self.old and v.same_as(self.old[v.name])}
-        if read and not read <= self.live.keys():
+        direct = self._read_directly(binding.value)
+        widened = read - direct
+        if widened and not widened <= self.live.keys():
             self.live = {n: self.live.get(n) or self.builder_.emit(
-                relax.op.astype(self.new[n], "float32"), f"{n}_f32") for n in sorted(read)}
-        for name in read:
+                relax.op.astype(self.new[n], "float32"), f"{n}_f32") for n in sorted(widened)}
+        for name in widened:
             self.set_var_remap(self.old[name], self.live[name])
+        for name in direct:
+            self.set_var_remap(self.old[name], self.new[name])
         super().visit_var_binding_(binding)
+
+    def visit_call_(self, original):
+        call = super().visit_call_(original)
+        func = self._gemm(call)
+        if func is None:
+            return call
+        a, b = call.args[1].fields
+        if dtype_of(b) == "float32":
+            return call
+        key = (tuple(shape_of(a)), tuple(shape_of(b)), str(func.attrs[GEMM]), dtype_of(b))
+        if key not in self.kernels:
+            self.kernels[key] = self.builder_.add_func(
+                gemm_kernel(list(key[0]), list(key[1]), key[2], key[3]), f"gemm_{key[2]}")
+        return relax.call_tir(self.kernels[key], [a, b], original.ty)
 
 
 def stored_weights(signature: dict, func: relax.Function) -> list[str]:
@@ -94,7 +147,7 @@ class StoreFrozenWeights:
             return mod
         old = {p.name: p for p in func.params if p.name in names}
         new = {n: relax.Var(n, relax.TensorType(shape_of(p), self.dtype)) for n, p in old.items()}
-        mutator = _Widen(mod.clone(), old, new)
+        mutator = _Widen(mod.clone(), old, new, self.dtype)
         body = mutator.visit_expr(func.body)
         widened = relax.Function([new.get(p.name, p) for p in func.params], body,
                                  func.ret_ty, func.is_pure, func.attrs)
