@@ -7,7 +7,8 @@ PyPI), whichever a measurement on the device finds faster.
   transpose folded into the product's reads made the llama_tiny step 1.6x slower);
 - openblas: ``R.call_dps_packed("pockengine_sgemm_<XY>", ...)`` (``..._<XY>_bf16`` where the
   second operand is a frozen weight stored as bfloat16), implemented in ``openblas_sgemm.cc``;
-  compiled and linked into the step's library, with OpenBLAS's shared library beside it (found through the rpath ``$ORIGIN``). The Relax VM calls it directly.
+  compiled and linked into the step's library, with OpenBLAS's shared library beside it
+  (found through the rpath ``$ORIGIN``). The Relax VM calls it directly.
 
 Only a device the build can measure (pipelines/profiles.py: runs_here; runner local or docker,
 this machine's CPU) is switched; for the others every product stays generated, and the
