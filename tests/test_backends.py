@@ -16,13 +16,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import tvm
 from tvm import relax, tirx
 
 from chained_steps import chained_steps_match
 from conftest import compose_params, plan_case
 from pipelines.backend.blas import OPENBLAS_LIB, gemm_kernels, measure, switch_backends
 from pipelines.compile import build
-from pipelines.ir import signature_of, tensor_type, with_signature
+from pipelines.ir import shape_of, signature_of, tensor_type, with_signature
 from pipelines.profiles import tvm_target
 from pipelines.transform import IsolateGemms
 
@@ -134,3 +135,41 @@ def test_a_batched_product_reads_a_permuted_operand_transposed():
     assert all(isinstance(f, tirx.PrimFunc) for f in kernels.values())
     assert [str(f.attrs["pockengine_gemm"]) for f in kernels.values()] == ["nt"]
     assert "permute_dims" not in mod["train_step"].script()
+
+
+def test_a_matrix_broadcast_over_the_batch_is_read_once():
+    """torch.export's 3-D ``x @ w.T`` (attention's output projection) and its gradient's
+    ``dy @ w``: matmuls of the batch with ``broadcast_to(permute_dims(w))`` and that permuted
+    back. Each becomes one 2-D product of the batch's rows with w itself, read transposed and
+    not: no kernel writes w once per batch element, and the numbers are the batched ones."""
+    x, w = relax.Var("x", tensor_type([2, 3, 5], "float32")), relax.Var(
+        "w", tensor_type([4, 5], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("train_step", [x, w]):
+        with bb.dataflow():
+            shared = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.permute_dims(w, [1, 0])),
+                                                   [2, 5, 4]))
+            y = bb.emit(relax.op.matmul(x, shared))
+            back = bb.emit(relax.op.matmul(y, bb.emit(relax.op.permute_dims(shared, [0, 2, 1]))))
+            out = bb.emit_output(relax.Tuple([y, back]))
+        bb.emit_func_output(out)
+    before = bb.get()
+    mod = relax.transform.DeadCodeElimination()(IsolateGemms()(before))
+    kernels = gemm_kernels(mod)
+    assert sorted(str(f.attrs["pockengine_gemm"]) for f in kernels.values()) == ["nn", "nt"]
+    calls = [b.value for block in mod["train_step"].body.blocks for b in block.bindings
+             if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "")
+             == "relax.call_tir"]
+    assert [[len(shape_of(a)) for a in c.args[1].fields] for c in calls] == [[2, 2], [2, 2]]
+    assert all(c.args[1].fields[1].same_as(w) for c in calls)
+    assert "broadcast_to" not in mod["train_step"].script()
+    rng = np.random.default_rng(0)
+    values = [rng.standard_normal([2, 3, 5]).astype("float32"),
+              rng.standard_normal([4, 5]).astype("float32")]
+    results = []
+    for module in (before, mod):
+        executable = tvm.compile(relax.transform.LegalizeOps()(module), target="llvm")
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        results.append([r.numpy() for r in vm["train_step"](*map(tvm.runtime.tensor, values))])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_array_equal(got, want)

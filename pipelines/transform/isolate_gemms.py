@@ -7,7 +7,11 @@ becomes a call of a ``gemm_<XY>`` kernel: X and Y say whether the first and seco
 read transposed (``n`` or ``t``), and a ``permute_dims`` that swaps an operand's last two axes is
 folded into that reading instead of being materialised (also where torch.export's 4-D matmul put
 a broadcast_to and a reshape to 3-D after it). The kernel sums over k in the same order
-as the legalized matmul. It is marked opaque, so fusion leaves it whole (no epilogue folded in):
+as the legalized matmul. A batched product whose second operand is one matrix broadcast over
+the batch (torch.export's 3-D ``x @ w.T`` where x is not contiguous: attention's output
+projection) becomes one 2-D product of x's rows merged (a reshape: no copy) with the matrix
+itself, so no kernel writes the matrix out once per batch element, and a stored weight is read
+as it is (store_frozen_weights.py); the sums are the same. It is marked opaque, so fusion leaves it whole (no epilogue folded in):
 the build either compiles it (default schedules) or, where a measurement on the device says
 so, calls OpenBLAS in its place (backend/blas.py), found by the attribute ``GEMM``.
 
@@ -75,6 +79,29 @@ class _Gemms(relax.PyExprMutator):
         merged = [math.prod(source[:-2]), *source[-2:]]
         return self.builder_.emit(relax.op.reshape(permute.args[0], merged)), "t"
 
+    def _shared_matrix(self, var):
+        """A batched operand that is one matrix m broadcast over the batch, ``broadcast_to(m)``
+        or ``broadcast_to(permute_dims(m))``, either perhaps with its last two axes swapped by a
+        permute_dims: (m, whether it is read transposed), else None."""
+        outer = self._call(var, "permute_dims")
+        flip = outer is not None and _swaps_last_two(outer, 3)
+        broadcast = self._call(outer.args[0] if flip else var, "broadcast_to")
+        source = None if broadcast is None else broadcast.args[0]
+        if source is None or _static(source) is None or len(_static(source)) != 2:
+            return None
+        inner = self._call(source, "permute_dims")
+        if inner is not None and _static(inner.args[0]) is not None:
+            return inner.args[0], "n" if flip else "t"  # a 2-D permute_dims swaps its axes
+        return source, "t" if flip else "n"
+
+    def _product(self, a, ta: str, b, tb: str, out_ty):
+        key = (tuple(_static(a)), tuple(_static(b)), ta + tb)
+        if key not in self.kernels:
+            self.kernels[key] = self.builder_.add_func(
+                gemm_kernel(list(key[0]), list(key[1]), key[2]), f"gemm_{key[2]}")
+        self.count += 1
+        return relax.call_tir(self.kernels[key], [a, b], out_ty)
+
     def visit_call_(self, original):
         call = super().visit_call_(original)
         if getattr(call.op, "name", "") != "relax.matmul":
@@ -84,13 +111,16 @@ class _Gemms(relax.PyExprMutator):
                 or len(shapes[0]) not in (2, 3) or shapes[0][:-2] != shapes[1][:-2]):
             return call
         rank = len(shapes[0])
-        (a, ta), (b, tb) = (self._operand(arg, rank) for arg in call.args)
-        key = (tuple(_static(a)), tuple(_static(b)), ta + tb)
-        if key not in self.kernels:
-            self.kernels[key] = self.builder_.add_func(
-                gemm_kernel(list(key[0]), list(key[1]), key[2]), f"gemm_{key[2]}")
-        self.count += 1
-        return relax.call_tir(self.kernels[key], [a, b], original.ty)
+        a, ta = self._operand(call.args[0], rank)
+        shared = self._shared_matrix(call.args[1]) if rank == 3 and ta == "n" else None
+        if shared is not None:  # the batch's rows against the one matrix
+            (batch, rows, depth), out = _static(a), _static(original)
+            merged = self.builder_.emit(relax.op.reshape(a, [batch * rows, depth]))
+            product = self.builder_.emit(self._product(
+                merged, "n", *shared, relax.TensorType([batch * rows, out[-1]], "float32")))
+            return relax.op.reshape(product, out)
+        b, tb = self._operand(call.args[1], rank)
+        return self._product(a, ta, b, tb, original.ty)
 
 
 @tvm.transform.module_pass(opt_level=0, name="IsolateGemms")
