@@ -6,12 +6,12 @@ Each float32 ``R.matmul`` whose operands have the same rank (2 or 3) and the sam
 becomes a call of a ``gemm_<XY>`` kernel: X and Y say whether the first and second operand is
 read transposed (``n`` or ``t``), and a ``permute_dims`` that swaps an operand's last two axes is
 folded into that reading instead of being materialised (also where torch.export's 4-D matmul put
-a broadcast_to and a reshape to 3-D after it). The kernel sums over k in the same order
-as the legalized matmul. A batched product whose second operand is one matrix broadcast over
-the batch (torch.export's 3-D ``x @ w.T`` where x is not contiguous: attention's output
-projection) becomes one 2-D product of x's rows merged (a reshape: no copy) with the matrix
-itself, so no kernel writes the matrix out once per batch element, and a stored weight is read
-as it is (store_frozen_weights.py); the sums are the same. It is marked opaque, so fusion leaves it whole (no epilogue folded in):
+a broadcast_to and a reshape to 3-D after it). A batched product whose second operand is one
+matrix broadcast over the batch (torch.export's 3-D ``x @ w.T`` where x is not contiguous:
+attention's output projection) becomes one 2-D product of x's rows merged (a reshape: no copy)
+with the matrix itself, so no kernel writes the matrix out once per batch element, and a stored
+weight is read as it is (store_frozen_weights.py). The kernel sums over k in the same order as
+the legalized matmul. It is marked opaque, so fusion leaves it whole (no epilogue folded in):
 the build either compiles it (default schedules) or, where a measurement on the device says
 so, calls OpenBLAS in its place (backend/blas.py), found by the attribute ``GEMM``.
 
