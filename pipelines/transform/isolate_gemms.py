@@ -44,7 +44,7 @@ def _swaps_last_two(call, rank: int) -> bool:
 class _Gemms(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, bound: dict):
         super().__init__(mod)
-        self.bound, self.kernels, self.count = bound, {}, 0
+        self.bound, self.kernels = bound, {}
 
     def _call(self, var, op: str):
         """The call of ``relax.<op>`` that ``var`` is bound to, or None."""
@@ -99,7 +99,6 @@ class _Gemms(relax.PyExprMutator):
         if key not in self.kernels:
             self.kernels[key] = self.builder_.add_func(
                 gemm_kernel(list(key[0]), list(key[1]), key[2]), f"gemm_{key[2]}")
-        self.count += 1
         return relax.call_tir(self.kernels[key], [a, b], out_ty)
 
     def visit_call_(self, original):
