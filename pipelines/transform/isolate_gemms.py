@@ -86,12 +86,13 @@ class _Gemms(relax.PyExprMutator):
         outer = self._call(var, "permute_dims")
         flip = outer is not None and _swaps_last_two(outer, 3)
         broadcast = self._call(outer.args[0] if flip else var, "broadcast_to")
-        source = None if broadcast is None else broadcast.args[0]
-        if source is None or _static(source) is None or len(_static(source)) != 2:
-            return None
+        shape = None if broadcast is None else _static(broadcast)
+        source = None if shape is None else broadcast.args[0]
+        if source is None or _static(source) is None or _static(source) != shape[1:]:
+            return None  # a matrix the broadcast only repeats, not one it widens
         inner = self._call(source, "permute_dims")
-        if inner is not None and _static(inner.args[0]) is not None:
-            return inner.args[0], "n" if flip else "t"  # a 2-D permute_dims swaps its axes
+        if inner is not None and _static(inner.args[0]) is not None and _swaps_last_two(inner, 2):
+            return inner.args[0], "n" if flip else "t"
         return source, "t" if flip else "n"
 
     def _product(self, a, ta: str, b, tb: str, out_ty):
