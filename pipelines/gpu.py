@@ -163,19 +163,20 @@ def _runners(bundle: Path, case: dict, timing: dict, device: str, scratch: Path)
 
 
 def _put_cuda_runtime_on_library_path() -> None:
-    """The directory of the CUDA runtime (libcudart) this process loaded, first on
-    LD_LIBRARY_PATH for the runners it starts: a GPU host's CUDA runtime is often PyTorch's own
-    (a pip package), which the system's loader does not know."""
+    """The directories of the CUDA runtime (libcudart) and cuBLAS this process loaded, first
+    on LD_LIBRARY_PATH for the runners it starts: a GPU host's CUDA libraries are often
+    PyTorch's own (pip packages), which the system's loader does not know."""
     import os
 
     import torch
 
-    torch.zeros(1, device="cuda")  # loads it
+    torch.zeros(1, device="cuda")  # loads them
     maps = Path("/proc/self/maps").read_text().split()
-    found = sorted({Path(p).parent for p in maps if Path(p).name.startswith("libcudart.so")})
+    found = sorted({str(Path(p).parent) for p in maps
+                    if Path(p).name.startswith(("libcudart.so", "libcublas.so"))})
     if found:
         os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
-            [str(found[0]), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])
+            [*found, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])
 
 
 def build_bundle(out: Path, overrides: list[str], profile_name: str = "nvidia_hopper",

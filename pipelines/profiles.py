@@ -55,6 +55,9 @@ class ProfileBase(Strict):
     # a CUDA target: the step's kernels that read only its resident state replayed as CUDA
     # graphs (backend/build.py resident_state), one launch instead of hundreds
     cuda_graph: bool = False
+    # a CUDA target: its float32 matrix products on NVIDIA's cuBLAS (backend/cublas_sgemm.cc,
+    # which opens libcublas.so.13 where the step runs); null: generated kernels
+    gemm_library: Literal["cublas"] | None = None
 
     @field_validator("target", "host")
     @classmethod
@@ -93,6 +96,10 @@ class ProfileBase(Strict):
             raise ValueError(f"cuda_graph=true needs a CUDA target, but target.kind="
                              f"{self.target['kind']!r}; allowed: cuda_graph false, or target "
                              "kind 'cuda'")
+        if self.gemm_library and self.target["kind"] != "cuda":
+            raise ValueError(f"gemm_library={self.gemm_library!r} needs a CUDA target, but "
+                             f"target.kind={self.target['kind']!r}; allowed: gemm_library "
+                             "null, or target kind 'cuda'")
         if hasattr(runner, "check"):
             runner.check(self)
         return self

@@ -1,17 +1,19 @@
 """Backend switching: the step's matrix products as gemm kernels
-(pipelines/transform/isolate_gemms.py), each generated or on OpenBLAS (pipelines/backend/blas.py).
+(pipelines/transform/isolate_gemms.py), each generated, on OpenBLAS or on cuBLAS
+(pipelines/backend/blas.py; cuBLAS's calls checked here through an OpenBLAS stand-in).
 
 A small LLaMA-style decoder (conf/model/llama_tiny.yaml at dim 32, 2 layers, 2 heads, hidden 48,
 vocab 64, 16 tokens, batch 2) has products in every layout: nn, nt (a weight read transposed in
 the forward pass), tn (weight gradients) and batched attention. Its compiled step (full
 backpropagation, SGD lr 0.5 momentum 0.9), every product on OpenBLAS, must follow PyTorch's
 over three chained steps (loss within 1e-5 relative at every step, state within rtol 1e-4,
-atol 1e-6 at the end), as must the all-generated one; the build's measurement times both
+atol 1e-6 at the end), as must the all-generated and all-cuBLAS ones; the build's measurement times both
 backends of every product.
 """
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -62,10 +64,30 @@ def test_products_become_gemm_kernels_in_every_layout(step):
     assert not any(gv.name_hint.startswith(("matmul", "fused_matmul")) for gv in mod.functions)
 
 
+def cublas_on_openblas(directory) -> str:
+    """tests/cublas_on_openblas.c built: the cuBLAS calls of backend/cublas_sgemm.cc on the
+    CPU, through OpenBLAS."""
+    import scipy_openblas32
+
+    library = directory / "libcublas_on_openblas.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", f"-I{scipy_openblas32.get_include_dir()}",
+                    str(Path(__file__).with_name("cublas_on_openblas.c")), "-o", str(library),
+                    f"-L{scipy_openblas32.get_lib_dir()}", "-lscipy_openblas",
+                    f"-Wl,-rpath,{scipy_openblas32.get_lib_dir()}"], check=True)
+    return str(library)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["openblas", "generated"])
-def test_switched_step_matches_pytorch(tmp_path, host_profile, step, backend, monkeypatch):
+@pytest.mark.parametrize("backend", ["openblas", "generated", "cublas"])
+def test_switched_step_matches_pytorch(tmp_path_factory, host_profile, step, backend,
+                                       monkeypatch):
+    """Every product on each backend. cuBLAS is the shim a GPU profile links
+    (backend/cublas_sgemm.cc) calling OpenBLAS through cuBLAS's API on the host's memory: its
+    operands' layout checked without a GPU."""
     model, optimizer, mod, plan, values = step
+    tmp_path = tmp_path_factory.mktemp("step")
+    if backend == "cublas":
+        monkeypatch.setenv("POCKENGINE_CUBLAS", cublas_on_openblas(tmp_path_factory.mktemp("so")))
     everything = {name: backend for name in gemm_kernels(mod)}
     # The build measures the host's products: here every product takes ``backend``.
     monkeypatch.setattr("pipelines.backend.blas.measure",
@@ -76,7 +98,8 @@ def test_switched_step_matches_pytorch(tmp_path, host_profile, step, backend, mo
     switched = switch_backends(mod, everything)
     called = switched.script()
     assert ("pockengine_sgemm_" in called) == (backend == "openblas")
-    assert not gemm_kernels(switched) if backend == "openblas" else gemm_kernels(switched)
+    assert ("pockengine_cublas_sgemm_" in called) == (backend == "cublas")
+    assert bool(gemm_kernels(switched)) == (backend == "generated")
 
     # Chained steps against PyTorch from the same state: the loss within 1e-5 at every step,
     # the state within rtol 1e-4, atol 1e-6 after the last, frozen parameters untouched.

@@ -115,6 +115,9 @@ def test_a_board_from_a_new_yaml_file(tmp_path, monkeypatch):
     ({"target": {"mattr": ["+neom"]}}, "target.mattr has '+neom', not a feature LLVM knows"),
     ({"extends": "rpi4"}, "cycle: rpi4 -> rpi4"),
     ({"cuda_graph": True}, "cuda_graph=true needs a CUDA target, but target.kind='llvm'"),
+    ({"gemm_library": "cublas"}, "gemm_library='cublas' needs a CUDA target, but "
+                                 "target.kind='llvm'"),
+    ({"gemm_library": "cudnn"}, "gemm_library='cudnn': Input should be 'cublas'"),
 ])
 def test_bad_profiles_are_named(override, message):
     with pytest.raises(ConfigError, match="rpi4.yaml with profiles.rpi4 from params.yaml|cycle") \

@@ -10,8 +10,9 @@
   native runner and the Python runner give the same weights;
 - the nvidia_hopper profile builds a causal LM's step with nvcc for sm_90, the embedding's
   gradient (take_backward) and the fused cross-entropy by their own GPU kernels
-  (pipelines/kernels/take_backward_gpu.py, softmax_nll_gpu.py), and
-  the kernels that read only the step's state captured into CUDA graphs.
+  (pipelines/kernels/take_backward_gpu.py, softmax_nll_gpu.py), its matrix products on
+  cuBLAS (pipelines/backend/cublas_sgemm.cc), and the kernels that read only the step's state
+  captured into CUDA graphs.
 
 Without a GPU here the CUDA step is built, not run: docs/gpu.md says how to run it on one.
 """
@@ -106,3 +107,13 @@ def test_hopper_build_compiles_a_causal_lm_with_nvcc(tmp_path):
     launches = built["kernel_launches"]
     assert built["cuda_graph"] and launches["cuda_graphs"] >= 1, launches
     assert launches["launched"] < launches["in_cuda_graphs"] / 10, launches
+    # every float32 product on cuBLAS (the profile's gemm_library): no product left for
+    # dlight's Matmul rule, the shim's functions among the library's exports
+    products = built["backends"]["kernels"]
+    assert {row["transposed"] for row in products.values()} == {"nn", "nt", "tn"}
+    assert {row["backend"] for row in products.values()} == {"cublas"}
+    assert "Matmul" not in built["kernel_schedules"]
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / "step.so")],
+                              capture_output=True, text=True, check=True).stdout
+    assert all(f"__tvm_ffi_pockengine_cublas_sgemm_{xy}" in exported
+               for xy in ("nn", "nt", "tn", "tt"))

@@ -27,6 +27,7 @@ import tvm
 from tvm import relax, te, tirx, topi
 
 from pipelines.backend.cpu_schedules import with_cpu_schedules
+from pipelines.backend.cublas import cublas_object
 from pipelines.ir import dtype_of
 from pipelines.kernels.gemm import GEMM, gemm_kernel
 from pipelines.timing import step_times
@@ -68,6 +69,15 @@ def openblas_function(func: tirx.PrimFunc) -> str:
     """The shim's function for gemm kernel ``func``."""
     suffix = "_bf16" if _operand_dtypes(func)[1] == "bfloat16" else ""
     return f"pockengine_sgemm_{func.attrs[GEMM]}{suffix}"
+
+
+def cublas_function(func: tirx.PrimFunc) -> str:
+    """cublas_sgemm.cc's function for float32 gemm kernel ``func``."""
+    return f"pockengine_cublas_sgemm_{func.attrs[GEMM]}"
+
+
+# A library backend: its shim's function for a gemm kernel
+LIBRARIES = {"openblas": openblas_function, "cublas": cublas_function}
 
 
 @functools.cache
@@ -187,9 +197,9 @@ def measure(mod: tvm.IRModule, target) -> dict[str, dict]:
 
 @relax.expr_functor.mutator
 class _Switch(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, backends: dict[str, str]):
+    def __init__(self, mod: tvm.IRModule, backends: dict[str, str], split: bool):
         super().__init__(mod)
-        self.mod, self.backends, self.added = mod, backends, {}
+        self.mod, self.backends, self.split, self.added = mod, backends, split, {}
 
     def _add(self, func: tirx.PrimFunc, name: str):
         key = (name, *(tuple(int(d) for d in p.shape) for p in func.params))
@@ -206,8 +216,11 @@ class _Switch(relax.PyExprMutator):
         if not isinstance(func, tirx.PrimFunc) or GEMM not in (func.attrs or {}):
             return call
         operands = list(call.args[1].fields)
-        if self.backends.get(name) == "openblas":
-            return relax.call_dps_packed(openblas_function(func), operands, original.ty)
+        library = LIBRARIES.get(self.backends.get(name))
+        if library is not None:
+            return relax.call_dps_packed(library(func), operands, original.ty)
+        if not self.split:
+            return call
         *transposes, (product, _) = generated_parts(func)
         for kernel, (index,) in transposes:
             shape = _swapped([int(d) for d in operands[index].ty.shape])
@@ -217,10 +230,12 @@ class _Switch(relax.PyExprMutator):
         return relax.call_tir(self._add(product, "gemm_nn"), operands, original.ty)
 
 
-def switch_backends(mod: tvm.IRModule, backends: dict[str, str]) -> tvm.IRModule:
+def switch_backends(mod: tvm.IRModule, backends: dict[str, str],
+                    split: bool = True) -> tvm.IRModule:
     """``mod`` with each gemm kernel call on its backend (``backends``: kernel name ->
-    "openblas"; any other kernel generated)."""
-    mutator = _Switch(mod.clone(), backends)  # the builder updates its module in place
+    "openblas" or "cublas"; any other kernel generated: its transposes split off unless not
+    ``split``, for the GPU rules, which schedule the kernel as it is)."""
+    mutator = _Switch(mod.clone(), backends, split)  # the builder updates its module in place
     rewritten = {gv.name_hint: mutator.visit_expr(func) for gv, func in mod.functions.items()
                  if isinstance(func, relax.Function)}
     out = mutator.builder_.get()  # the module with the kernels the switch added
@@ -236,5 +251,24 @@ def compile_with_backends(mod: tvm.IRModule, target, directory: Path,
     chosen (``measured`` false: every product generated, nothing measured)."""
     rows = measure(mod, target) if measured and gemm_kernels(mod) else {}
     choice = {name: row["backend"] for name, row in rows.items()}
-    options = link_openblas(directory) if "openblas" in choice.values() else {}
-    return switch_backends(mod, choice), options, rows
+    return switch_backends(mod, choice), link_libraries(directory, choice.values()), rows
+
+
+def link_libraries(directory: Path, backends, cc: str | None = None) -> dict:
+    """``export_library`` options that link the shims of the library ``backends`` named into
+    the step library in ``directory`` (``cc``: the compiler for the device's CPU)."""
+    options = link_openblas(directory) if "openblas" in backends else {}
+    if "cublas" in backends:  # opened by the shim where it runs: nothing to copy or link
+        options.setdefault("addons", []).append(str(cublas_object(cc)))
+        options.setdefault("options", []).append("-ldl")  # dlopen, outside libc before 2.34
+    return options
+
+
+def library_products(mod: tvm.IRModule, library: str) -> dict[str, dict]:
+    """Per float32 gemm kernel of ``mod``: its shapes and ``library`` as its backend. A GPU
+    build chooses by its profile: the build host has no GPU to time kernels on. A kernel that
+    reads a bfloat16 weight stays generated (cuBLAS multiplies operands of one type)."""
+    return {name: {"shapes": _operand_shapes(func), "transposed": str(func.attrs[GEMM]),
+                   "backend": library}
+            for name, func in sorted(gemm_kernels(mod).items())
+            if set(_operand_dtypes(func)) == {"float32"}}

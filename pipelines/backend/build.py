@@ -21,7 +21,8 @@ import tvm
 from tvm import relax
 
 from pipelines.backend.arena_plan import arena_plan
-from pipelines.backend.blas import compile_with_backends
+from pipelines.backend.blas import (compile_with_backends, library_products, link_libraries,
+                                    switch_backends)
 from pipelines.backend.checked_once import drop_param_checks
 from pipelines.backend.cuda import NVCC_PACKAGE, nvcc_version, pack_imports_with_fatbin
 from pipelines.backend.gpu import GPU_KINDS, gpu_pipeline
@@ -86,8 +87,16 @@ def build_step(mod: tvm.IRModule, profile, directory: Path, database=None,
     toolchain, kernels, launches, cuda = profile.toolchain, Counter(), Counter(), {}
     config = {}
     if target.kind.name in GPU_KINDS:
-        # The gemm kernels stay as they are, transposes folded in: the GPU rules schedule them.
-        pipeline, options, backends = gpu_pipeline(target, kernels, launches), {}, {}
+        # The profile's library takes the float32 products; the other gemm kernels stay as
+        # they are, transposes folded in: the GPU rules schedule them.
+        rows = library_products(mod, profile.gemm_library) if profile.gemm_library else {}
+        choice = {name: row["backend"] for name, row in rows.items()}
+        mod = switch_backends(mod, choice, split=False)
+        options = link_libraries(Path(directory), set(choice.values()), toolchain.cc)
+        pipeline = gpu_pipeline(target, kernels, launches)
+        backends = {"measured": False, "kernels": rows, "reason": (
+            f"gemm_library {profile.gemm_library}: chosen by the profile (no GPU on the build "
+            f"host to time them on)" if rows else "every product generated")}
         if profile.cuda_graph:
             mod, config = resident_state(mod, inputs), {"relax.backend.use_cuda_graph": True}
     else:
