@@ -12,7 +12,10 @@ PyPI), whichever a measurement on the device finds faster.
 
 Only a device the build can measure (pipelines/profiles.py: runs_here; runner local or docker,
 this machine's CPU) is switched; for the others every product stays generated, and the
-manifest says why.
+manifest says why. A GPU profile's ``gemm_library`` is the exception: there is no GPU here to
+measure on, so the profile chooses cuBLAS (``pockengine_cublas_sgemm_<XY>``, in
+``cublas_sgemm.cc``) for every float32 product, and the rest stay kernels the GPU rules
+schedule as they are (library_products).
 """
 from __future__ import annotations
 
