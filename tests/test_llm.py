@@ -87,6 +87,8 @@ def test_each_llm_case_steps_like_pytorch_in_place(llm, build_case, case, frozen
     assert kept <= frozen and len(kept) <= 1
     if dtype == "bfloat16":  # its products read it stored: no float32 copy, none kept float32
         assert not kept and not _products_reading_copies(compiled.optimized.module)
+        # nor its lookup: the embedding's rows are gathered stored and widened, not the table
+        assert not _whole_copies(compiled.optimized.module, "model.embed_tokens.weight")
     assert signature.get("stored_as", {}) == (
         {} if dtype == "float32" else dict.fromkeys(sorted(frozen - kept), dtype))
     model, optimizer = llm.models[llm.cases[case].model], case_optimizer(llm, llm.cases[case])
@@ -161,6 +163,22 @@ def _products_reading_copies(module) -> list[str]:
         if len(fields) == 1 and getattr(fields[0], "name", None) in stored:
             copies.append(value.args[0].name_hint)
     return copies
+
+
+def _whole_copies(module, weight: str) -> list[str]:
+    """The bindings of ``module``'s step that hold ``weight`` (a source name) whole, widened
+    to float32 from the dtype the step stores it in."""
+    from pipelines.ir import dtype_of, shape_of, signature_of
+
+    step = module["train_step"]
+    names = signature_of(module)["source_names"]
+    param = next(p for p in step.params if names.get(p.name) == weight)
+    if dtype_of(param) == "float32":
+        return []
+    return [b.var.name for block in step.body.blocks for b in block.bindings
+            if any(v.same_as(param) for v in relax.analysis.free_vars(b.value))
+            and isinstance(b.var.ty, relax.TensorType) and dtype_of(b.var) == "float32"
+            and list(shape_of(b.var)) == list(shape_of(param))]
 
 
 def _llm_batch(compiled):

@@ -6,8 +6,9 @@ scheme: 95% of its 513 MiB), and a frozen weight is only ever read. So it can be
 16-bit float a released checkpoint already comes in (SmolLM's and Qwen2.5's are bfloat16), and
 widened where it is read. The widened copy is made right before the binding that reads it and is
 dead after it, so only the weights one binding reads are ever float32 at a time; readers of the
-same weight in a row share one copy. An elementwise or gathering reader (a norm's scale, the
-embedding's lookup) fuses the widening into its own kernel and never makes the copy. A 2-D
+same weight in a row share one copy. An elementwise reader (a norm's scale) fuses the widening
+into its own kernel and never makes the copy; a lookup (the embedding's ``take``, a kernel TVM
+does not fuse into) gathers the stored rows and widens only those. A 2-D
 product that reads a bfloat16 weight as its second operand, untransposed or transposed (every
 linear layer's, and a tied LM head's both ways), reads it in bfloat16 itself
 (kernels/gemm.py): no copy, and on OpenBLAS the weight is widened a cache-sized tile at a time
@@ -35,6 +36,8 @@ After (``dtype`` bfloat16; ``gemm_nt`` now reads a bfloat16 ``B``)::
 
     def train_step(x, labels, w: R.Tensor((out, in), "bfloat16"), ...):
         y = R.call_tir(gemm_nt, (x, w), ...)
+        rows = R.take(embedding, tokens, axis=0)           # bfloat16 rows
+        h = R.astype(rows, "float32")                      # not the whole embedding
 """
 from __future__ import annotations
 
@@ -82,10 +85,20 @@ class _Widen(relax.PyExprMutator):
             return set()
         return {b.name}
 
+    def _gathered(self, value) -> set[str]:
+        """The stored weight a lookup (``take``) gathers from: its rows are gathered stored and
+        widened, not the whole weight (an embedding's)."""
+        if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.take"):
+            return set()
+        data = value.args[0]
+        if not isinstance(data, relax.Var) or not data.same_as(self.old.get(data.name)):
+            return set()
+        return {data.name}
+
     def visit_var_binding_(self, binding):
         read = {v.name for v in relax.analysis.free_vars(binding.value)
                 if v.name in self.old and v.same_as(self.old[v.name])}
-        direct = self._read_directly(binding.value)
+        direct = self._read_directly(binding.value) | self._gathered(binding.value)
         widened = read - direct
         if widened and not widened <= self.live.keys():
             self.live = {n: self.live.get(n) or self.builder_.emit(
@@ -98,6 +111,10 @@ class _Widen(relax.PyExprMutator):
 
     def visit_call_(self, original):
         call = super().visit_call_(original)
+        if (getattr(call.op, "name", "") == "relax.take"
+                and any(call.args[0].same_as(v) for v in self.new.values())):
+            rows = self.builder_.emit(call, "rows")
+            return relax.op.astype(rows, "float32")
         func = self._gemm(call)
         if func is None:
             return call
