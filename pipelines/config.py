@@ -135,7 +135,7 @@ class Adam(Stepping):
 Optimizer = Annotated[Union[SGD, Adam], Field(discriminator="kind")]
 
 
-FrozenDtype = Literal["float32", "float16", "bfloat16"]  # transform/store_frozen_weights.py
+FrozenDtype = Literal["float32", "float16", "bfloat16", "int8"]  # transform/store_frozen_weights.py
 
 
 class OptimizeOverride(Strict):

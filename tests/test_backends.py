@@ -196,3 +196,30 @@ def test_a_matrix_broadcast_over_the_batch_is_read_once():
         results.append([r.numpy() for r in vm["train_step"](*map(tvm.runtime.tensor, values))])
     for got, want in zip(results[1], results[0]):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+def test_openblas_reads_a_stored_weight_as_the_float32_product_of_its_values(dtype, layout):
+    """The shim's ``_bf16``/``_i8`` products (a frozen weight stored narrower, widened a tile
+    at a time) give numpy's float32 product of the widened weight, over several depth blocks
+    and a ragged last tile."""
+    import ml_dtypes
+
+    from pipelines.backend.blas import _openblas_module, openblas_function
+    from pipelines.kernels.gemm import gemm_kernel
+
+    rng, (m, n, k) = np.random.default_rng(0), (5, 37, 2500)  # k: three blocks of 1024 at most
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    shape_b = [n, k] if layout == "nt" else [k, n]
+    wide = rng.standard_normal(shape_b, dtype=np.float32)
+    stored = (np.clip(np.rint(wide * 40), -127, 127).astype(np.int8) if dtype == "int8"
+              else wide.astype(ml_dtypes.bfloat16))
+    function = openblas_function(gemm_kernel([m, k], shape_b, layout, dtype))
+    assert function == f"pockengine_sgemm_{layout}_{'i8' if dtype == 'int8' else 'bf16'}"
+    b = tvm.runtime.empty(shape_b, dtype, tvm.cpu()).copyfrom(stored)
+    c = tvm.runtime.empty([m, n], "float32", tvm.cpu())
+    _openblas_module()[function](tvm.runtime.tensor(a), b, c)
+    widened = stored.astype(np.float32)
+    want = a @ (widened.T if layout == "nt" else widened)
+    np.testing.assert_allclose(c.numpy(), want, rtol=1e-4, atol=1e-3)

@@ -137,7 +137,41 @@ def test_store_frozen_weights_halves_them_and_steps_as_float32_on_their_rounded_
     for name, a, b in zip(signature_of(pruned)["outputs"], got, want):
         np.testing.assert_array_equal(a, b, err_msg=name)
     with pytest.raises(ValueError, match="allowed"):
-        StoreFrozenWeights("int8")
+        StoreFrozenWeights("int4")
+
+
+def test_store_frozen_weights_as_int8_keeps_a_scale_per_row_and_steps_as_float32_on_them(full):
+    """int8: fc1's frozen weight (2-D) becomes int8 beside an input of its rows' float32
+    scales, a quarter of its bytes; its 1-D bias and the norm stay float32. The step gives what
+    the float32 step gives on the dequantized weight, to float32 rounding (the scale multiplies
+    the product's columns, not the weight), and the trained fc2 as before."""
+    from pipelines.compile import plan
+    from pipelines.stored_weights import SCALES, STORED_AS, as_read, as_stored, scale_name
+
+    sig = signature_of(full)
+    pruned = PruneFrozenUpdates({n for n, s in sig["source_names"].items()
+                                 if s.startswith("fc2.")})(full)
+    stored = StoreFrozenWeights("int8")(pruned)
+    w1 = next(n for n, s in sig["source_names"].items() if s == "fc1.weight")
+    new = signature_of(stored)
+    assert new[STORED_AS] == {w1: "int8"} and new[SCALES] == {w1: scale_name(w1)}
+    assert new["inputs"] == signature_of(pruned)["inputs"] + [scale_name(w1)]
+    params = {p.name: p.ty for p in stored["train_step"].params}
+    rows, columns = (int(d) for d in params[w1].shape)
+    assert str(params[w1].dtype) == "int8" and [int(d) for d in params[scale_name(w1)].shape] == [rows]
+    saved = 4 * rows * columns - (rows * columns + 4 * rows)
+    assert plan(pruned)["inputs_bytes"] - plan(stored)["inputs_bytes"] == saved
+    args, _ = run(pruned)
+    names = signature_of(pruned)["inputs"]
+    values = dict(zip(names, args))
+    quantized = as_stored(new, values)
+    assert quantized[w1].dtype == np.int8 and np.abs(quantized[w1]).max() == 127
+    read = as_read(new, values)
+    assert 0 < np.abs(read[w1] - values[w1]).max() <= quantized[scale_name(w1)].max() / 2 + 1e-7
+    _, want = run(pruned, args=[read[n] for n in names])
+    _, got = run(stored, args=[quantized[n] for n in new["inputs"]])
+    for name, a, b in zip(signature_of(pruned)["outputs"], got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_slice_channel_updates_computes_only_the_selected_slice(full):

@@ -7,6 +7,8 @@ from tvm import relax
 
 from pipelines.analysis.liveness import liveness, update_owners
 from pipelines.ir import nbytes
+from pipelines.stored_weights import SCALES
+
 
 def memory_plan(mod: tvm.IRModule, planned: tvm.IRModule, signature: dict) -> dict:
     """Bytes the VM holds for one step after static planning (``planned``: ``mod`` through the
@@ -28,6 +30,7 @@ def memory_plan(mod: tvm.IRModule, planned: tvm.IRModule, signature: dict) -> di
     data, count = signature["data"], signature["num_params"]
     sizes = dict(zip(signature["inputs"], (nbytes(p) for p in func.params)))
     params = signature["inputs"][len(data):len(data) + count]
+    params += list(signature.get(SCALES, {}).values())  # an int8 weight's scales are part of it
     inputs = {
         "batch": sum(sizes[n] for n in data),
         "weights": sum(sizes[n] for n in params),

@@ -5,8 +5,9 @@ PyPI), whichever a measurement on the device finds faster.
 - generated: the operands a kernel reads transposed are transposed first, by kernels of their
   own, and the product is the plain ``gemm_nn``, which the default schedules vectorise well (a
   transpose folded into the product's reads made the llama_tiny step 1.6x slower);
-- openblas: ``R.call_dps_packed("pockengine_sgemm_<XY>", ...)`` (``..._<XY>_bf16`` where the
-  second operand is a frozen weight stored as bfloat16), implemented in ``openblas_sgemm.cc``;
+- openblas: ``R.call_dps_packed("pockengine_sgemm_<XY>", ...)`` (``..._<XY>_bf16`` or
+  ``..._<XY>_i8`` where the second operand is a frozen weight stored as bfloat16 or int8),
+  implemented in ``openblas_sgemm.cc``;
   compiled and linked into the step's library, with OpenBLAS's shared library beside it
   (found through the rpath ``$ORIGIN``). The Relax VM calls it directly.
 
@@ -70,7 +71,7 @@ def _tensor(values: np.ndarray, dtype: str, device):
 
 def openblas_function(func: tirx.PrimFunc) -> str:
     """The shim's function for gemm kernel ``func``."""
-    suffix = "_bf16" if _operand_dtypes(func)[1] == "bfloat16" else ""
+    suffix = {"bfloat16": "_bf16", "int8": "_i8"}.get(_operand_dtypes(func)[1], "")
     return f"pockengine_sgemm_{func.attrs[GEMM]}{suffix}"
 
 
@@ -270,7 +271,7 @@ def link_libraries(directory: Path, backends, cc: str | None = None) -> dict:
 def library_products(mod: tvm.IRModule, library: str) -> dict[str, dict]:
     """Per float32 gemm kernel of ``mod``: its shapes and ``library`` as its backend. A GPU
     build chooses by its profile: the build host has no GPU to time kernels on. A kernel that
-    reads a bfloat16 weight stays generated (cuBLAS multiplies operands of one type)."""
+    reads a weight stored narrower stays generated (cuBLAS multiplies operands of one type)."""
     return {name: {"shapes": _operand_shapes(func), "transposed": str(func.attrs[GEMM]),
                    "backend": library}
             for name, func in sorted(gemm_kernels(mod).items())

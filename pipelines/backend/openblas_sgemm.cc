@@ -6,12 +6,14 @@
 // (a, b, c of equal rank, 2 or 3, row-major, float32); op is the identity for n and the
 // transpose of the last two axes for t.
 //
-// pockengine_sgemm_XY_bf16(a, b, c), XY nn or nt: the same for 2-D operands, b a frozen weight
-// stored as bfloat16 (transform/store_frozen_weights.py), widened to float32 one tile at a time
+// pockengine_sgemm_XY_bf16(a, b, c) and ..._XY_i8, XY nn or nt: the same for 2-D operands, b a
+// frozen weight stored as bfloat16 or int8 (transform/store_frozen_weights.py; an int8 weight's
+// row scales are applied by the step, outside the call), widened to float32 one tile at a time
 // into a buffer of the task's own that stays in cache, where OpenBLAS reads it: the weight is
 // never written out whole as float32 and read back.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -80,32 +82,44 @@ constexpr int64_t kTileFloats = int64_t{1} << 20;
 // one block: the sums are those of one OpenBLAS call.
 constexpr int64_t kDepthBlock = 1024;
 
-struct Bf16Product {
+template <typename Stored>
+struct StoredProduct {
   bool trans_b;
   int64_t m, n, k;
   const float* a;
-  const uint16_t* b;
+  const Stored* b;
   float* c;
 };
 
-// rows x cols of src (row stride ld) into dst, contiguous; a bfloat16 is a float32's upper half
-void widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, uint32_t* dst) {
+// A stored element as float32: a bfloat16 (its bits) is a float32's upper half; an int8 is its
+// value, its row's scale applied outside the product.
+inline float as_float(uint16_t bits) {
+  uint32_t wide = uint32_t{bits} << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof value);
+  return value;
+}
+inline float as_float(int8_t value) { return static_cast<float>(value); }
+
+// rows x cols of src (row stride ld) into dst, contiguous
+template <typename Stored>
+void widen(const Stored* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) dst[r * cols + j] = uint32_t{src[r * ld + j]} << 16;
+    for (int64_t j = 0; j < cols; ++j) dst[r * cols + j] = as_float(src[r * ld + j]);
 }
 
 // The output's columns split evenly over the tasks; each task's a tile of the weight at a time:
 // some of the output's columns by a block of the depth.
-int bf16_columns_task(int task, TVMParallelGroupEnv* env, void* data) {
-  const Bf16Product& p = *static_cast<const Bf16Product*>(data);
+template <typename Stored>
+int stored_columns_task(int task, TVMParallelGroupEnv* env, void* data) {
+  const StoredProduct<Stored>& p = *static_cast<const StoredProduct<Stored>*>(data);
   int64_t begin = p.n * task / env->num_task, end = p.n * (task + 1) / env->num_task;
   if (begin == end) return 0;
   int64_t depth = std::min(p.k, kDepthBlock);
   int64_t tiles = ((end - begin) * depth + kTileFloats - 1) / kTileFloats;
   int64_t width = (end - begin + tiles - 1) / tiles;
-  thread_local std::vector<uint32_t> tile;
+  thread_local std::vector<float> tile;
   tile.resize(width * depth);
-  const float* widened = reinterpret_cast<const float*>(tile.data());
   for (int64_t j = begin; j < end; j += width) {
     int64_t cols = std::min(width, end - j);
     for (int64_t d = 0; d < p.k; d += depth) {
@@ -115,34 +129,46 @@ int bf16_columns_task(int task, TVMParallelGroupEnv* env, void* data) {
       else  // b is [k, n]: rows d.., columns j..
         widen(p.b + d * p.n + j, rows, cols, p.n, tile.data());
       scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans, p.m,
-                        cols, rows, 1.0f, p.a + d, p.k, widened, p.trans_b ? rows : cols,
+                        cols, rows, 1.0f, p.a + d, p.k, tile.data(), p.trans_b ? rows : cols,
                         d ? 1.0f : 0.0f, p.c + j, p.n);
     }
   }
   return 0;
 }
 
-void sgemm_bf16(bool trans_b, TensorView a, TensorView b, TensorView c) {
+template <typename Stored>
+void sgemm_stored(bool trans_b, DLDataTypeCode code, int bits, const char* name, TensorView a,
+                  TensorView b, TensorView c) {
   TVM_FFI_ICHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2)
-      << "pockengine_sgemm_bf16: operands must be 2-D";
-  TVM_FFI_ICHECK(b.dtype().code == kDLBfloat && b.dtype().bits == 16)
-      << "pockengine_sgemm_bf16: the second operand must be bfloat16";
+      << name << ": operands must be 2-D";
+  TVM_FFI_ICHECK(b.dtype().code == code && b.dtype().bits == bits)
+      << name << ": the second operand's dtype is not the one stored";
   TVM_FFI_ICHECK(a.IsContiguous() && b.IsContiguous() && c.IsContiguous())
-      << "pockengine_sgemm_bf16: operands must be contiguous";
+      << name << ": operands must be contiguous";
   single_threaded_openblas();
-  Bf16Product p{trans_b, c.size(0), c.size(1), a.size(1), floats(a),
-                reinterpret_cast<const uint16_t*>(static_cast<const char*>(b.data_ptr()) +
-                                                  b.byte_offset()),
-                const_cast<float*>(floats(c))};
-  TVMBackendParallelLaunch(bf16_columns_task, &p, 0);
+  StoredProduct<Stored> p{trans_b, c.size(0), c.size(1), a.size(1), floats(a),
+                          reinterpret_cast<const Stored*>(static_cast<const char*>(b.data_ptr()) +
+                                                          b.byte_offset()),
+                          const_cast<float*>(floats(c))};
+  TVMBackendParallelLaunch(stored_columns_task<Stored>, &p, 0);
 }
 
 void sgemm_nn(TensorView a, TensorView b, TensorView c) { sgemm(false, false, a, b, c); }
 void sgemm_nt(TensorView a, TensorView b, TensorView c) { sgemm(false, true, a, b, c); }
 void sgemm_tn(TensorView a, TensorView b, TensorView c) { sgemm(true, false, a, b, c); }
 void sgemm_tt(TensorView a, TensorView b, TensorView c) { sgemm(true, true, a, b, c); }
-void sgemm_nn_bf16(TensorView a, TensorView b, TensorView c) { sgemm_bf16(false, a, b, c); }
-void sgemm_nt_bf16(TensorView a, TensorView b, TensorView c) { sgemm_bf16(true, a, b, c); }
+void sgemm_nn_bf16(TensorView a, TensorView b, TensorView c) {
+  sgemm_stored<uint16_t>(false, kDLBfloat, 16, "pockengine_sgemm_nn_bf16", a, b, c);
+}
+void sgemm_nt_bf16(TensorView a, TensorView b, TensorView c) {
+  sgemm_stored<uint16_t>(true, kDLBfloat, 16, "pockengine_sgemm_nt_bf16", a, b, c);
+}
+void sgemm_nn_i8(TensorView a, TensorView b, TensorView c) {
+  sgemm_stored<int8_t>(false, kDLInt, 8, "pockengine_sgemm_nn_i8", a, b, c);
+}
+void sgemm_nt_i8(TensorView a, TensorView b, TensorView c) {
+  sgemm_stored<int8_t>(true, kDLInt, 8, "pockengine_sgemm_nt_i8", a, b, c);
+}
 
 }  // namespace
 
@@ -152,3 +178,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(pockengine_sgemm_tn, sgemm_tn);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(pockengine_sgemm_tt, sgemm_tt);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(pockengine_sgemm_nn_bf16, sgemm_nn_bf16);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(pockengine_sgemm_nt_bf16, sgemm_nt_bf16);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(pockengine_sgemm_nn_i8, sgemm_nn_i8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(pockengine_sgemm_nt_i8, sgemm_nt_i8);

@@ -10,7 +10,7 @@ from pipelines.frontends.torch_module import is_program
 from pipelines.models.pytorch import hold_statistics
 from pipelines.models.torch_lora import add_adapters, adapted_modules
 from pipelines.schema import ConfigError
-from pipelines.stored_weights import STORED_AS, as_stored
+from pipelines.stored_weights import as_read
 
 
 def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],
@@ -21,7 +21,7 @@ def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],
         raise ConfigError("a PyTorch twin needs a torch or transformers model; this one's "
                           f"frontend is {model.frontend!r}")
     module, _ = load_module(model)
-    names, stored = signature["source_names"], signature.get(STORED_AS, {})
+    names = signature["source_names"]
     lora = signature.get("lora")
     if lora and adapters and is_program(model):
         # the program's graph reads its weights directly: a module put beside one is never run
@@ -35,10 +35,10 @@ def torch_twin(model, signature: dict, initial: dict[str, np.ndarray],
                           "statistics: every_layer, or use a model file")
     if lora and adapters:
         add_adapters(module, adapted_modules(names.values()), lora["rank"], lora["scale"])
-    # the values the step starts from: a weight it stores in 16 bits, rounded (widened again:
-    # the twin computes in float32, as the step does)
-    state = {names[r]: torch.from_numpy(np.array(v, "float32" if r in stored else None))
-             for r, v in as_stored(signature, initial).items() if r in names}
+    # the values the step reads: a weight it stores narrower, rounded as stored and widened
+    # again (the twin computes in float32, as the step does)
+    state = {names[r]: torch.from_numpy(np.array(v))
+             for r, v in as_read(signature, initial).items() if r in names}
     if not adapters:
         state = {k: v for k, v in state.items() if not k.endswith((".lora_a.weight",
                                                                    ".lora_b.weight"))}

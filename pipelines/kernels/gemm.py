@@ -1,8 +1,9 @@
 """The matrix-product kernel every float32 product of a training step becomes
 (pipelines/transform/isolate_gemms.py): c = op(a) @ op(b), marked opaque so fusion keeps it
 whole and a CPU build can switch it to OpenBLAS (pipelines/backend/blas.py). Its second operand
-may be a frozen weight stored as bfloat16 (transform/store_frozen_weights.py): each element is
-widened to float32 as the product reads it, so the sums are the float32 product's."""
+may be a frozen weight stored as bfloat16 or int8 (transform/store_frozen_weights.py): each
+element is widened to float32 as the product reads it, so the sums are the float32 product's (an
+int8 weight's row scales are applied around the product, by the step)."""
 from __future__ import annotations
 
 from tvm import te, tirx

@@ -31,6 +31,7 @@ from pipelines.runtime.emulation import device_architecture, emulation_root, ins
 from pipelines.runtime.images import CACHE  # its parent: pockengine's cache
 from pipelines.runtime.step import initial_state
 from pipelines.schema import ConfigError
+from pipelines.stored_weights import SCALES, scale_name
 
 SOURCE = Path(__file__).with_name("native_runner.cc")
 PYTHON_RUNNER = Path(__file__).with_name("python_runner.py")
@@ -65,7 +66,15 @@ def manifest(signature: dict, state: dict[str, np.ndarray], built: dict) -> dict
             "state": [{"name": n, "dtype": str(state[n].dtype), "shape": list(state[n].shape)}
                       for n in signature["inputs"][len(signature["data"]):]],
             "updates": [n.removeprefix("new_") for n in signature["outputs"][1:]],
-            "weights": signature["source_names"]}
+            "weights": weight_names(signature)}
+
+
+def weight_names(signature: dict) -> dict[str, str]:
+    """The source's name for each weight the runners write out, by the step's: the parameters
+    and buffers, and beside a weight stored as int8 its rows' scales (``<source name>__scale``:
+    a frozen weight goes out as the step stored it)."""
+    names = signature["source_names"]
+    return names | {scale: scale_name(names[n]) for n, scale in signature.get(SCALES, {}).items()}
 
 
 def step_directory(build_dir: Path, initial: dict[str, np.ndarray], out: Path) -> Path:

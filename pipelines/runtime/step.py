@@ -17,7 +17,7 @@ from pipelines.io import read_json, verified
 from pipelines.layout import SIGNATURE
 from pipelines.runtime.checks import BadBatch, check_batch, check_finite, check_shapes
 from pipelines.runtime.cuda import cuda_device, keep
-from pipelines.stored_weights import STORED_AS, as_stored
+from pipelines.stored_weights import STORED_AS, as_stored, widened
 
 LIBRARY, BUILT = "step.so", "build.json"
 
@@ -104,13 +104,13 @@ class CompiledStep:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers under their names in the source (for ``load_state_dict``),
         in float32 where the step stores a frozen weight narrower."""
-        names = self.signature["source_names"]
+        names, stored = self.signature["source_names"], self.signature.get(STORED_AS, {})
+        state = {n: v.numpy() for n, v in self.state.items()}
         # a weight stored narrower goes back widened, as the step read it (torch has no numpy
         # bfloat16)
-        return {names[n]: torch.from_numpy(np.asarray(v.numpy(), "float32")
-                                           if n in self.signature.get(STORED_AS, {})
-                                           else v.numpy())
-                for n, v in self.state.items() if n in names}
+        return {names[n]: torch.from_numpy(widened(self.signature, n, state) if n in stored
+                                           else v)
+                for n, v in state.items() if n in names}
 
     def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
         """Copy the step's weights and running statistics into ``model``. Only batch-norm

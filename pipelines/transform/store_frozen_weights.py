@@ -1,25 +1,31 @@
-"""A frozen float32 weight w -> an input stored as float16 or bfloat16, read through a float32 copy
-made just before each reader: the step holds half the bytes for every weight it never updates.
+"""A frozen float32 weight w -> an input stored narrower, read through a float32 copy made just
+before each reader: the step holds a half or a quarter of the bytes for every weight it never
+updates.
 
 Sparse backpropagation leaves most of a language model's weights frozen (SmolLM-135M's paper
 scheme: 95% of its 513 MiB), and a frozen weight is only ever read. So it can be stored in the
-16-bit float a released checkpoint already comes in (SmolLM's and Qwen2.5's are bfloat16), and
-widened where it is read. The widened copy is made right before the binding that reads it and is
-dead after it, so only the weights one binding reads are ever float32 at a time; readers of the
-same weight in a row share one copy. An elementwise reader (a norm's scale) fuses the widening
-into its own kernel and never makes the copy; a lookup (the embedding's ``take``, a kernel TVM
-does not fuse into) gathers the stored rows and widens only those. A 2-D
-product that reads a bfloat16 weight as its second operand, untransposed or transposed (every
-linear layer's, and a tied LM head's both ways), reads it in bfloat16 itself
-(kernels/gemm.py): no copy, and on OpenBLAS the weight is widened a cache-sized tile at a time
-inside the call (backend/openblas_sgemm.cc), not written out whole and read back. A float16
-weight's products, and those of other layouts, read a copy. The arithmetic stays float32, so
-the step computes what float32 PyTorch computes on the rounded weights: the PyTorch twin starts
-from those values (``stored_weights.as_stored``). A product's copy costs the weight's float32
-size while it runs: for a tied LM head (SmolLM's embedding, 108 MiB) more at the peak than half
-its storage saves, so the optimize phase also plans the step with the largest weight left
-float32 and keeps the lower plan (pipelines/compile.py). Run after IsolateGemms (whose products
-read the weight itself, not a reshaped copy), before legalization.
+16-bit float a released checkpoint already comes in (SmolLM's and Qwen2.5's are bfloat16), or,
+as QLoRA and LLM.int8 store a frozen base, in 8-bit integers with a float32 scale per row
+(``int8``: every frozen weight of two or more axes, rows along its first; the scales are inputs
+of their own, ``<name>__scale``, named by the signature's ``scales``; a 1-D weight stays
+float32), and widened where it is read. The widened copy is made right before the binding that
+reads it and is dead after it, so only the weights one binding reads are ever float32 at a time;
+readers of the same weight in a row share one copy. An elementwise reader (a norm's scale) fuses
+the widening into its own kernel and never makes the copy; a lookup (the embedding's ``take``, a
+kernel TVM does not fuse into) gathers the stored rows and widens only those. A 2-D product that
+reads a bfloat16 or int8 weight as its second operand, untransposed or transposed (every linear
+layer's, and a tied LM head's both ways), reads it stored itself (kernels/gemm.py): no copy, and
+on OpenBLAS the weight is widened a cache-sized tile at a time inside the call
+(backend/openblas_sgemm.cc), not written out whole and read back. An int8 weight's row scales
+multiply what its rows touch: the product's columns where it is read transposed (x @ w.T), its
+first operand's columns where it is read as it is (g @ w). A float16 weight's products, and
+those of other layouts, read a copy. The arithmetic stays float32, so the step computes what
+float32 PyTorch computes on the stored weights: the PyTorch twin starts from those values
+(``stored_weights.as_read``). A product's copy costs the weight's float32 size while it runs:
+for a tied LM head (SmolLM's embedding, 108 MiB) more at the peak than half its storage saves,
+so the optimize phase also plans the step with the largest weight left float32 and keeps the
+lower plan (pipelines/compile.py). Run after IsolateGemms (whose products read the weight
+itself, not a reshaped copy), before legalization.
 
 Before (w frozen, float32)::
 
@@ -38,6 +44,13 @@ After (``dtype`` bfloat16; ``gemm_nt`` now reads a bfloat16 ``B``)::
         y = R.call_tir(gemm_nt, (x, w), ...)
         rows = R.take(embedding, tokens, axis=0)           # bfloat16 rows
         h = R.astype(rows, "float32")                      # not the whole embedding
+
+After (``dtype`` int8; ``gemm_nt`` reads an int8 ``B``)::
+
+    def train_step(x, labels, w: R.Tensor((out, in), "int8"), ...,
+                   w__scale: R.Tensor((out,), "float32")):
+        y_rows = R.call_tir(gemm_nt, (x, w), ...)
+        y = R.multiply(y_rows, w__scale)
 """
 from __future__ import annotations
 
@@ -48,22 +61,22 @@ from tvm import relax, tirx
 
 from pipelines.ir import dtype_of, shape_of, signature_of, with_signature
 from pipelines.kernels.gemm import GEMM, gemm_kernel
-from pipelines.stored_weights import STORED_AS
+from pipelines.stored_weights import SCALES, STORED_AS, scale_name
 
-DTYPES = ("float32", "float16", "bfloat16")  # float32: stored as they are
+DTYPES = ("float32", "float16", "bfloat16", "int8")  # float32: stored as they are
+READ_STORED = ("bfloat16", "int8")  # what a product reads stored, widening it as it reads
 
-
-DIRECT = ("nn", "nt")  # the layouts of a product whose second operand it reads in bfloat16
+DIRECT = ("nn", "nt")  # the layouts of a product whose second operand it reads stored
 
 
 @relax.expr_functor.mutator
 class _Widen(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, old: dict, new: dict, dtype: str):
+    def __init__(self, mod: tvm.IRModule, old: dict, new: dict, scales: dict):
         super().__init__(mod)
         self.mod, self.old, self.new = mod, old, new  # name -> the float32 parameter, the stored
-        self.direct = dtype == "bfloat16"  # products read the stored weight themselves
+        self.scales = scales  # name -> its rows' scales (an int8 weight's)
         self.live: dict = {}  # name -> the float32 copy the last reader read
-        self.kernels: dict = {}  # (shapes, layout) -> the product kernel reading bfloat16
+        self.kernels: dict = {}  # (shapes, layout, dtype) -> the product kernel reading it stored
 
     def _gemm(self, call) -> tirx.PrimFunc | None:
         """The product kernel ``call`` calls, or None."""
@@ -72,60 +85,92 @@ class _Widen(relax.PyExprMutator):
         func = self.mod[call.args[0].name_hint]
         return func if isinstance(func, tirx.PrimFunc) and GEMM in (func.attrs or {}) else None
 
+    def _stored(self, var) -> str | None:
+        """The name of the stored weight ``var`` is (the float32 parameter), or None."""
+        if isinstance(var, relax.Var) and var.same_as(self.old.get(var.name)):
+            return var.name
+        return None
+
     def _read_directly(self, value) -> set[str]:
         """The stored weight a 2-D product of layout DIRECT reads as its second operand (and
         not as its first), which it then reads stored: at most one name."""
-        func = self._gemm(value) if self.direct else None
+        func = self._gemm(value)
         if func is None or str(func.attrs[GEMM]) not in DIRECT:
             return set()
         a, b = value.args[1].fields
-        if (not isinstance(b, relax.Var) or b.name not in self.old or a.same_as(b)
-                or not b.same_as(self.old[b.name]) or len(shape_of(b)) != 2
-                or len(shape_of(a)) != 2):
+        name = self._stored(b)
+        if (name is None or dtype_of(self.new[name]) not in READ_STORED or a.same_as(b)
+                or len(shape_of(b)) != 2 or len(shape_of(a)) != 2):
             return set()
-        return {b.name}
+        return {name}
 
     def _gathered(self, value) -> set[str]:
-        """The stored weight a lookup (``take``) gathers from: its rows are gathered stored and
-        widened, not the whole weight (an embedding's)."""
+        """The stored weight a lookup (``take``) gathers rows from: its rows are gathered stored
+        and widened, not the whole weight (an embedding's)."""
         if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.take"):
             return set()
-        data = value.args[0]
-        if not isinstance(data, relax.Var) or not data.same_as(self.old.get(data.name)):
-            return set()
-        return {data.name}
+        name = self._stored(value.args[0])
+        if name is None or (name in self.scales and int(value.attrs.axis) != 0):
+            return set()  # an int8 weight's scales are by row: only rows are gathered so
+        return {name}
+
+    def _widened(self, name: str) -> relax.Expr:
+        """The whole of stored weight ``name`` in float32."""
+        whole = relax.op.astype(self.new[name], "float32")
+        if name not in self.scales:
+            return whole
+        rows = shape_of(self.new[name])
+        scale = relax.op.reshape(self.scales[name], [rows[0], *[1] * (len(rows) - 1)])
+        return relax.op.multiply(self.builder_.emit(whole, f"{name}_rows"), scale)
 
     def visit_var_binding_(self, binding):
         read = {v.name for v in relax.analysis.free_vars(binding.value)
-                if v.name in self.old and v.same_as(self.old[v.name])}
+                if self._stored(v) is not None}
         direct = self._read_directly(binding.value) | self._gathered(binding.value)
         widened = read - direct
         if widened and not widened <= self.live.keys():
-            self.live = {n: self.live.get(n) or self.builder_.emit(
-                relax.op.astype(self.new[n], "float32"), f"{n}_f32") for n in sorted(widened)}
+            self.live = {n: self.live.get(n) or self.builder_.emit(self._widened(n), f"{n}_f32")
+                         for n in sorted(widened)}
         for name in widened:
             self.set_var_remap(self.old[name], self.live[name])
         for name in direct:
             self.set_var_remap(self.old[name], self.new[name])
         super().visit_var_binding_(binding)
 
+    def _scales_of(self, var) -> relax.Var | None:
+        return next((self.scales[n] for n, v in self.new.items()
+                     if var.same_as(v) and n in self.scales), None)
+
     def visit_call_(self, original):
         call = super().visit_call_(original)
         if (getattr(call.op, "name", "") == "relax.take"
                 and any(call.args[0].same_as(v) for v in self.new.values())):
-            rows = self.builder_.emit(call, "rows")
-            return relax.op.astype(rows, "float32")
+            rows = relax.op.astype(self.builder_.emit(call, "rows"), "float32")
+            scales = self._scales_of(call.args[0])
+            if scales is None:
+                return rows
+            scale = relax.op.take(scales, call.args[1], axis=0)
+            return relax.op.multiply(self.builder_.emit(rows, "rows_f32"),
+                                     relax.op.expand_dims(scale, -1))
         func = self._gemm(call)
         if func is None:
             return call
         a, b = call.args[1].fields
         if dtype_of(b) == "float32":
             return call
-        key = (tuple(shape_of(a)), tuple(shape_of(b)), str(func.attrs[GEMM]), dtype_of(b))
+        layout, scales = str(func.attrs[GEMM]), self._scales_of(b)
+        key = (tuple(shape_of(a)), tuple(shape_of(b)), layout, dtype_of(b))
         if key not in self.kernels:
             self.kernels[key] = self.builder_.add_func(
                 gemm_kernel(list(key[0]), list(key[1]), key[2], key[3]), f"gemm_{key[2]}")
-        return relax.call_tir(self.kernels[key], [a, b], original.ty)
+        if scales is None:
+            return relax.call_tir(self.kernels[key], [a, b], original.ty)
+        if layout == "nt":  # x @ w.T: the scale of w's row j multiplies column j
+            product = relax.call_tir(self.kernels[key], [a, b], original.ty)
+            return relax.op.multiply(self.builder_.emit(product, "product_rows"), scales)
+        # g @ w: the scale of w's row k multiplies g's column k
+        scaled = self.builder_.emit(relax.op.multiply(a, scales), "scaled")
+        return relax.call_tir(self.kernels[key], [scaled, b], original.ty)
 
 
 def stored_weights(signature: dict, func: relax.Function) -> list[str]:
@@ -146,9 +191,10 @@ def largest_stored(mod: tvm.IRModule) -> str | None:
 
 @tvm.transform.module_pass(opt_level=0, name="StoreFrozenWeights")
 class StoreFrozenWeights:
-    """``train_step``'s frozen weights but those in ``keep`` stored as ``dtype`` (one of DTYPES)
-    and widened at each reader; the signature's ``stored_as`` names them. float32: the step as
-    it was."""
+    """``train_step``'s frozen weights but those in ``keep`` stored as ``dtype`` (one of DTYPES;
+    int8: those of two or more axes, each with its rows' scales as an input after the others)
+    and widened at each reader; the signature's ``stored_as`` names them, and ``scales`` the
+    int8 ones' scales. float32: the step as it was."""
 
     def __init__(self, dtype: str = "float32", keep=()):
         if dtype not in DTYPES:
@@ -159,16 +205,22 @@ class StoreFrozenWeights:
         if self.dtype == "float32":
             return mod
         func, signature = mod["train_step"], signature_of(mod)
-        names = set(stored_weights(signature, func)) - self.keep
-        if not names:
+        old = {p.name: p for p in func.params
+               if p.name in set(stored_weights(signature, func)) - self.keep
+               and (self.dtype != "int8" or len(shape_of(p)) >= 2)}
+        if not old:
             return mod
-        old = {p.name: p for p in func.params if p.name in names}
         new = {n: relax.Var(n, relax.TensorType(shape_of(p), self.dtype)) for n, p in old.items()}
-        mutator = _Widen(mod.clone(), old, new, self.dtype)
+        scales = ({n: relax.Var(scale_name(n), relax.TensorType([shape_of(p)[0]], "float32"))
+                   for n, p in sorted(old.items())} if self.dtype == "int8" else {})
+        mutator = _Widen(mod.clone(), old, new, scales)
         body = mutator.visit_expr(func.body)
-        widened = relax.Function([new.get(p.name, p) for p in func.params], body,
-                                 func.ret_ty, func.is_pure, func.attrs)
+        widened = relax.Function([new.get(p.name, p) for p in func.params] + list(scales.values()),
+                                 body, func.ret_ty, func.is_pure, func.attrs)
         out = mutator.builder_.get()
         out.update_func(out.get_global_var("train_step"), widened)
-        stored = {**signature.get(STORED_AS, {}), **{n: self.dtype for n in sorted(names)}}
-        return with_signature(out, dict(signature, **{STORED_AS: stored}))
+        stored = {**signature.get(STORED_AS, {}), **{n: self.dtype for n in sorted(old)}}
+        extra = {"inputs": signature["inputs"] + [v.name for v in scales.values()],
+                 SCALES: {**signature.get(SCALES, {}), **{n: v.name for n, v in scales.items()}}
+                 } if scales else {}
+        return with_signature(out, dict(signature, **{STORED_AS: stored}, **extra))
