@@ -362,19 +362,20 @@ def _native(native, data, out, *args) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("frozen_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("frozen_dtype", ["float32", "bfloat16", "int8"])
 def test_native_and_python_runners_give_the_same_weights(native, host_step, params, build_case,
                                                          frozen_dtype, tmp_path):
     """The native runner and the Python runner (python_runner.py) on the same step directory
     and data, two epochs: the same batches, losses and weights, bit for bit; the native runner
     in a fraction of the Python runner's memory. Also for a step that stores its frozen
-    weights in bfloat16 (safetensors BF16 in its state, which each runner reads itself)."""
+    weights in bfloat16 (safetensors BF16 in its state, which each runner reads itself), or in
+    int8 beside their rows' scales, which both write out as stored."""
     import subprocess
     import sys
 
     from pipelines.io import load_tensors
     from pipelines.runtime.native import PYTHON_RUNNER, step_directory
-    from pipelines.stored_weights import STORED_AS
+    from pipelines.stored_weights import STORED_AS, scale_name
 
     if frozen_dtype != "float32":
         step = build_case(params, CASE, optimizer=OPT, frozen_dtype=frozen_dtype)
@@ -400,6 +401,11 @@ def test_native_and_python_runners_give_the_same_weights(native, host_step, para
         assert sorted(got) == sorted(want)
         for name in want:
             assert np.array_equal(got[name], want[name]), name
+    if frozen_dtype == "int8":
+        names = step.signature["source_names"]
+        weights = load_tensors(outs["native"] / "weights.safetensors")
+        assert all(weights[names[n]].dtype == np.int8 and scale_name(names[n]) in weights
+                   for n in stored)
     assert 0 < logs["native"]["peak_rss_bytes"] < logs["python"]["peak_rss_bytes"]
 
 
