@@ -200,10 +200,11 @@ def test_a_matrix_broadcast_over_the_batch_is_read_once():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 @pytest.mark.parametrize("layout", ["nn", "nt"])
-def test_openblas_reads_a_stored_weight_as_the_float32_product_of_its_values(dtype, layout):
+def test_a_product_reading_a_stored_weight_gives_the_float32_product_of_what_it_stands_for(
+        dtype, layout):
     """The shim's ``_bf16``/``_i8`` products (a frozen weight stored narrower, widened a tile
-    at a time) give numpy's float32 product of the widened weight, over several depth blocks
-    and a ragged last tile."""
+    at a time, an int8 one's rows times their scales) and the generated kernel give numpy's
+    float32 product of the widened weight, over several depth blocks and a ragged last tile."""
     import ml_dtypes
 
     from pipelines.backend.blas import _openblas_module, openblas_function
@@ -211,15 +212,24 @@ def test_openblas_reads_a_stored_weight_as_the_float32_product_of_its_values(dty
 
     rng, (m, n, k) = np.random.default_rng(0), (5, 37, 2500)  # k: three blocks of 1024 at most
     a = rng.standard_normal((m, k), dtype=np.float32)
-    shape_b = [n, k] if layout == "nt" else [k, n]
+    shape_b = [n, k] if layout == "nt" else [k, n]  # the weight, its rows first
     wide = rng.standard_normal(shape_b, dtype=np.float32)
-    stored = (np.clip(np.rint(wide * 40), -127, 127).astype(np.int8) if dtype == "int8"
-              else wide.astype(ml_dtypes.bfloat16))
-    function = openblas_function(gemm_kernel([m, k], shape_b, layout, dtype))
+    if dtype == "int8":
+        stored = np.clip(np.rint(wide * 40), -127, 127).astype(np.int8)
+        scale = rng.uniform(0.001, 0.05, shape_b[0]).astype(np.float32)
+        widened, axis = stored.astype(np.float32) * scale[:, None], "n" if layout == "nt" else "k"
+    else:
+        stored, scale, axis = wide.astype(ml_dtypes.bfloat16), None, None
+        widened = stored.astype(np.float32)
+    want = a @ (widened.T if layout == "nt" else widened)
+    kernel = gemm_kernel([m, k], shape_b, layout, dtype, axis)
+    function = openblas_function(kernel)
     assert function == f"pockengine_sgemm_{layout}_{'i8' if dtype == 'int8' else 'bf16'}"
     b = tvm.runtime.empty(shape_b, dtype, tvm.cpu()).copyfrom(stored)
-    c = tvm.runtime.empty([m, n], "float32", tvm.cpu())
-    _openblas_module()[function](tvm.runtime.tensor(a), b, c)
-    widened = stored.astype(np.float32)
-    want = a @ (widened.T if layout == "nt" else widened)
-    np.testing.assert_allclose(c.numpy(), want, rtol=1e-4, atol=1e-3)
+    operands = [tvm.runtime.tensor(a), b, *([] if scale is None else [tvm.runtime.tensor(scale)])]
+    for call in (_openblas_module()[function],
+                 tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}),
+                             target="llvm")["main"]):
+        c = tvm.runtime.empty([m, n], "float32", tvm.cpu())
+        call(*operands, c)
+        np.testing.assert_allclose(c.numpy(), want, rtol=1e-4, atol=1e-3)

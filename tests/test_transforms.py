@@ -158,7 +158,8 @@ def test_store_frozen_weights_as_int8_keeps_a_scale_per_row_and_steps_as_float32
     assert new["inputs"] == signature_of(pruned)["inputs"] + [scale_name(w1)]
     params = {p.name: p.ty for p in stored["train_step"].params}
     rows, columns = (int(d) for d in params[w1].shape)
-    assert str(params[w1].dtype) == "int8" and [int(d) for d in params[scale_name(w1)].shape] == [rows]
+    assert str(params[w1].dtype) == "int8"
+    assert [int(d) for d in params[scale_name(w1)].shape] == [rows]
     saved = 4 * rows * columns - (rows * columns + 4 * rows)
     assert plan(pruned)["inputs_bytes"] - plan(stored)["inputs_bytes"] == saved
     args, _ = run(pruned)

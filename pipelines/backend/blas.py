@@ -6,7 +6,8 @@ PyPI), whichever a measurement on the device finds faster.
   own, and the product is the plain ``gemm_nn``, which the default schedules vectorise well (a
   transpose folded into the product's reads made the llama_tiny step 1.6x slower);
 - openblas: ``R.call_dps_packed("pockengine_sgemm_<XY>", ...)`` (``..._<XY>_bf16`` or
-  ``..._<XY>_i8`` where the second operand is a frozen weight stored as bfloat16 or int8),
+  ``..._<XY>_i8`` where the second operand is a frozen weight stored as bfloat16, or as int8
+  with its rows' scales a third),
   implemented in ``openblas_sgemm.cc``;
   compiled and linked into the step's library, with OpenBLAS's shared library beside it
   (found through the rpath ``$ORIGIN``). The Relax VM calls it directly.
@@ -33,7 +34,7 @@ from tvm import relax, te, tirx, topi
 from pipelines.backend.cpu_schedules import with_cpu_schedules
 from pipelines.backend.cublas import cublas_object
 from pipelines.ir import dtype_of
-from pipelines.kernels.gemm import GEMM, gemm_kernel
+from pipelines.kernels.gemm import GEMM, SCALE_AXIS, gemm_kernel
 from pipelines.timing import step_times
 
 SHIM = Path(__file__).with_name("openblas_sgemm.cc")
@@ -164,14 +165,17 @@ def _swapped(shape: list[int]) -> list[int]:
 
 def generated_parts(func: tirx.PrimFunc) -> list[tuple[tirx.PrimFunc, list[int]]]:
     """The kernels that compute ``func`` as generated code: the transposes of the operands it
-    reads transposed, then ``gemm_nn``; each with the operand it reads (0, 1, or both)."""
-    trans = str(func.attrs[GEMM])
-    a, b, _ = _operand_shapes(func)
+    reads transposed, then ``gemm_nn`` (with the same scales: their axis is the output's or the
+    summed one either way); each with the operands it reads."""
+    trans, scale_axis = str(func.attrs[GEMM]), (func.attrs or {}).get(SCALE_AXIS)
+    a, b = _operand_shapes(func)[:2]
     dtypes = _operand_dtypes(func)
     parts = [(_transpose_kernel(shape, dtypes[i]), [i])
              for i, (shape, t) in enumerate(zip((a, b), trans)) if t == "t"]
     plain = [_swapped(s) if t == "t" else s for s, t in zip((a, b), trans)]
-    return parts + [(gemm_kernel(plain[0], plain[1], "nn", dtypes[1]), [0, 1])]
+    product = gemm_kernel(plain[0], plain[1], "nn", dtypes[1],
+                          None if scale_axis is None else str(scale_axis))
+    return parts + [(product, [0, 1] if scale_axis is None else [0, 1, 2])]
 
 
 def measure(mod: tvm.IRModule, target) -> dict[str, dict]:
@@ -182,9 +186,9 @@ def measure(mod: tvm.IRModule, target) -> dict[str, dict]:
     for name, func in sorted(gemm_kernels(mod).items()):
         trans = str(func.attrs[GEMM])
         shapes = _operand_shapes(func)
-        a, b, c = (_tensor(rng.standard_normal(s, dtype=np.float32), dtype, device)
-                   for s, dtype in zip(shapes, _operand_dtypes(func)))
-        openblas = _time(blas[openblas_function(func)], [a, b, c])
+        operands = [_tensor(rng.standard_normal(s, dtype=np.float32), dtype, device)
+                    for s, dtype in zip(shapes, _operand_dtypes(func))]  # a, b, (scales,) c
+        openblas = _time(blas[openblas_function(func)], operands)
         generated = 0.0
         for part, _ in generated_parts(func):
             scheduled, _ = with_cpu_schedules(tvm.IRModule({"main": part.with_attr(

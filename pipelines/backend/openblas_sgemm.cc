@@ -6,9 +6,9 @@
 // (a, b, c of equal rank, 2 or 3, row-major, float32); op is the identity for n and the
 // transpose of the last two axes for t.
 //
-// pockengine_sgemm_XY_bf16(a, b, c) and ..._XY_i8, XY nn or nt: the same for 2-D operands, b a
-// frozen weight stored as bfloat16 or int8 (transform/store_frozen_weights.py; an int8 weight's
-// row scales are applied by the step, outside the call), widened to float32 one tile at a time
+// pockengine_sgemm_XY_bf16(a, b, c) and pockengine_sgemm_XY_i8(a, b, s, c), XY nn or nt: the
+// same for 2-D operands, b a frozen weight stored as bfloat16, or as int8 with s the float32
+// scales of its rows (transform/store_frozen_weights.py), widened to float32 one tile at a time
 // into a buffer of the task's own that stays in cache, where OpenBLAS reads it: the weight is
 // never written out whole as float32 and read back.
 #include <algorithm>
@@ -88,11 +88,12 @@ struct StoredProduct {
   int64_t m, n, k;
   const float* a;
   const Stored* b;
+  const float* scale;  // an int8 weight's, one per row of it; null for bfloat16
   float* c;
 };
 
 // A stored element as float32: a bfloat16 (its bits) is a float32's upper half; an int8 is its
-// value, its row's scale applied outside the product.
+// value (times its row's scale, below).
 inline float as_float(uint16_t bits) {
   uint32_t wide = uint32_t{bits} << 16;
   float value;
@@ -101,11 +102,18 @@ inline float as_float(uint16_t bits) {
 }
 inline float as_float(int8_t value) { return static_cast<float>(value); }
 
-// rows x cols of src (row stride ld) into dst, contiguous
+// rows x cols of src (row stride ld; rows of the weight) into dst, contiguous; each row times
+// its scale where there are scales: the float32 weight int8 values and scales stand for
 template <typename Stored>
-void widen(const Stored* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) dst[r * cols + j] = as_float(src[r * ld + j]);
+void widen(const Stored* src, int64_t rows, int64_t cols, int64_t ld, const float* scale,
+           float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (scale) {
+      for (int64_t j = 0; j < cols; ++j) dst[r * cols + j] = as_float(src[r * ld + j]) * scale[r];
+    } else {
+      for (int64_t j = 0; j < cols; ++j) dst[r * cols + j] = as_float(src[r * ld + j]);
+    }
+  }
 }
 
 // The output's columns split evenly over the tasks; each task's a tile of the weight at a time:
@@ -125,9 +133,9 @@ int stored_columns_task(int task, TVMParallelGroupEnv* env, void* data) {
     for (int64_t d = 0; d < p.k; d += depth) {
       int64_t rows = std::min(depth, p.k - d);
       if (p.trans_b)  // b is [n, k]: rows j.. of it, columns d..
-        widen(p.b + j * p.k + d, cols, rows, p.k, tile.data());
+        widen(p.b + j * p.k + d, cols, rows, p.k, p.scale ? p.scale + j : nullptr, tile.data());
       else  // b is [k, n]: rows d.., columns j..
-        widen(p.b + d * p.n + j, rows, cols, p.n, tile.data());
+        widen(p.b + d * p.n + j, rows, cols, p.n, p.scale ? p.scale + d : nullptr, tile.data());
       scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans, p.m,
                         cols, rows, 1.0f, p.a + d, p.k, tile.data(), p.trans_b ? rows : cols,
                         d ? 1.0f : 0.0f, p.c + j, p.n);
@@ -138,7 +146,7 @@ int stored_columns_task(int task, TVMParallelGroupEnv* env, void* data) {
 
 template <typename Stored>
 void sgemm_stored(bool trans_b, DLDataTypeCode code, int bits, const char* name, TensorView a,
-                  TensorView b, TensorView c) {
+                  TensorView b, const float* scale, TensorView c) {
   TVM_FFI_ICHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2)
       << name << ": operands must be 2-D";
   TVM_FFI_ICHECK(b.dtype().code == code && b.dtype().bits == bits)
@@ -149,7 +157,7 @@ void sgemm_stored(bool trans_b, DLDataTypeCode code, int bits, const char* name,
   StoredProduct<Stored> p{trans_b, c.size(0), c.size(1), a.size(1), floats(a),
                           reinterpret_cast<const Stored*>(static_cast<const char*>(b.data_ptr()) +
                                                           b.byte_offset()),
-                          const_cast<float*>(floats(c))};
+                          scale, const_cast<float*>(floats(c))};
   TVMBackendParallelLaunch(stored_columns_task<Stored>, &p, 0);
 }
 
@@ -158,16 +166,25 @@ void sgemm_nt(TensorView a, TensorView b, TensorView c) { sgemm(false, true, a, 
 void sgemm_tn(TensorView a, TensorView b, TensorView c) { sgemm(true, false, a, b, c); }
 void sgemm_tt(TensorView a, TensorView b, TensorView c) { sgemm(true, true, a, b, c); }
 void sgemm_nn_bf16(TensorView a, TensorView b, TensorView c) {
-  sgemm_stored<uint16_t>(false, kDLBfloat, 16, "pockengine_sgemm_nn_bf16", a, b, c);
+  sgemm_stored<uint16_t>(false, kDLBfloat, 16, "pockengine_sgemm_nn_bf16", a, b, nullptr, c);
 }
 void sgemm_nt_bf16(TensorView a, TensorView b, TensorView c) {
-  sgemm_stored<uint16_t>(true, kDLBfloat, 16, "pockengine_sgemm_nt_bf16", a, b, c);
+  sgemm_stored<uint16_t>(true, kDLBfloat, 16, "pockengine_sgemm_nt_bf16", a, b, nullptr, c);
 }
-void sgemm_nn_i8(TensorView a, TensorView b, TensorView c) {
-  sgemm_stored<int8_t>(false, kDLInt, 8, "pockengine_sgemm_nn_i8", a, b, c);
+// s: the scales of b's rows as the weight (b is [k, n] for nn, [n, k] for nt), float32
+const float* row_scales(const char* name, TensorView b, TensorView s) {
+  TVM_FFI_ICHECK(s.ndim() == 1 && s.size(0) == b.size(0) && s.dtype().code == kDLFloat &&
+                 s.dtype().bits == 32 && s.IsContiguous())
+      << name << ": the scales must be float32, one per row of the weight";
+  return floats(s);
 }
-void sgemm_nt_i8(TensorView a, TensorView b, TensorView c) {
-  sgemm_stored<int8_t>(true, kDLInt, 8, "pockengine_sgemm_nt_i8", a, b, c);
+void sgemm_nn_i8(TensorView a, TensorView b, TensorView s, TensorView c) {
+  const char* name = "pockengine_sgemm_nn_i8";
+  sgemm_stored<int8_t>(false, kDLInt, 8, name, a, b, row_scales(name, b, s), c);
+}
+void sgemm_nt_i8(TensorView a, TensorView b, TensorView s, TensorView c) {
+  const char* name = "pockengine_sgemm_nt_i8";
+  sgemm_stored<int8_t>(true, kDLInt, 8, name, a, b, row_scales(name, b, s), c);
 }
 
 }  // namespace

@@ -16,9 +16,10 @@ kernel TVM does not fuse into) gathers the stored rows and widens only those. A 
 reads a bfloat16 or int8 weight as its second operand, untransposed or transposed (every linear
 layer's, and a tied LM head's both ways), reads it stored itself (kernels/gemm.py): no copy, and
 on OpenBLAS the weight is widened a cache-sized tile at a time inside the call
-(backend/openblas_sgemm.cc), not written out whole and read back. An int8 weight's row scales
-multiply what its rows touch: the product's columns where it is read transposed (x @ w.T), its
-first operand's columns where it is read as it is (g @ w). A float16 weight's products, and
+(backend/openblas_sgemm.cc), not written out whole and read back; an int8 weight's scales are
+the product's third operand, each row widened times its scale (no scaled copy of the product's
+output or of its other operand, which for a tied LM head are a chunk of logits). A float16
+weight's products, and
 those of other layouts, read a copy. The arithmetic stays float32, so the step computes what
 float32 PyTorch computes on the stored weights: the PyTorch twin starts from those values
 (``stored_weights.as_read``). A product's copy costs the weight's float32 size while it runs:
@@ -45,12 +46,11 @@ After (``dtype`` bfloat16; ``gemm_nt`` now reads a bfloat16 ``B``)::
         rows = R.take(embedding, tokens, axis=0)           # bfloat16 rows
         h = R.astype(rows, "float32")                      # not the whole embedding
 
-After (``dtype`` int8; ``gemm_nt`` reads an int8 ``B``)::
+After (``dtype`` int8; ``gemm_nt`` reads an int8 ``B`` and its rows' scales)::
 
     def train_step(x, labels, w: R.Tensor((out, in), "int8"), ...,
                    w__scale: R.Tensor((out,), "float32")):
-        y_rows = R.call_tir(gemm_nt, (x, w), ...)
-        y = R.multiply(y_rows, w__scale)
+        y = R.call_tir(gemm_nt, (x, w, w__scale), ...)     # w's row j times w__scale[j]
 """
 from __future__ import annotations
 
@@ -159,18 +159,14 @@ class _Widen(relax.PyExprMutator):
         if dtype_of(b) == "float32":
             return call
         layout, scales = str(func.attrs[GEMM]), self._scales_of(b)
-        key = (tuple(shape_of(a)), tuple(shape_of(b)), layout, dtype_of(b))
+        # an int8 weight's rows are op(b)'s columns read transposed (x @ w.T), its rows if not
+        axis = None if scales is None else ("n" if layout[1] == "t" else "k")
+        key = (tuple(shape_of(a)), tuple(shape_of(b)), layout, dtype_of(b), axis)
         if key not in self.kernels:
             self.kernels[key] = self.builder_.add_func(
-                gemm_kernel(list(key[0]), list(key[1]), key[2], key[3]), f"gemm_{key[2]}")
-        if scales is None:
-            return relax.call_tir(self.kernels[key], [a, b], original.ty)
-        if layout == "nt":  # x @ w.T: the scale of w's row j multiplies column j
-            product = relax.call_tir(self.kernels[key], [a, b], original.ty)
-            return relax.op.multiply(self.builder_.emit(product, "product_rows"), scales)
-        # g @ w: the scale of w's row k multiplies g's column k
-        scaled = self.builder_.emit(relax.op.multiply(a, scales), "scaled")
-        return relax.call_tir(self.kernels[key], [scaled, b], original.ty)
+                gemm_kernel(list(key[0]), list(key[1]), *key[2:]), f"gemm_{layout}")
+        operands = [a, b] if scales is None else [a, b, scales]
+        return relax.call_tir(self.kernels[key], operands, original.ty)
 
 
 def stored_weights(signature: dict, func: relax.Function) -> list[str]:
