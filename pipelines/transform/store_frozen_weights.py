@@ -19,14 +19,13 @@ on OpenBLAS the weight is widened a cache-sized tile at a time inside the call
 (backend/openblas_sgemm.cc), not written out whole and read back; an int8 weight's scales are
 the product's third operand, each row widened times its scale (no scaled copy of the product's
 output or of its other operand, which for a tied LM head are a chunk of logits). A float16
-weight's products, and
-those of other layouts, read a copy. The arithmetic stays float32, so the step computes what
-float32 PyTorch computes on the stored weights: the PyTorch twin starts from those values
-(``stored_weights.as_read``). A product's copy costs the weight's float32 size while it runs:
-for a tied LM head (SmolLM's embedding, 108 MiB) more at the peak than half its storage saves,
-so the optimize phase also plans the step with the largest weight left float32 and keeps the
-lower plan (pipelines/compile.py). Run after IsolateGemms (whose products read the weight
-itself, not a reshaped copy), before legalization.
+weight's products, and those of other layouts, read a copy. The arithmetic stays float32, so the
+step computes what float32 PyTorch computes on the stored weights: the PyTorch twin starts from
+those values (``stored_weights.as_read``). A product's copy costs the weight's float32 size
+while it runs: for a tied LM head (SmolLM's embedding, 108 MiB) more at the peak than half its
+storage saves, so the optimize phase also plans the step with the largest weight left float32
+and keeps the lower plan (pipelines/compile.py). Run after IsolateGemms (whose products read the
+weight itself, not a reshaped copy), before legalization.
 
 Before (w frozen, float32)::
 
