@@ -75,7 +75,8 @@ class _Widen(relax.PyExprMutator):
         self.mod, self.old, self.new = mod, old, new  # name -> the float32 parameter, the stored
         self.scales = scales  # name -> its rows' scales (an int8 weight's)
         self.live: dict = {}  # name -> the float32 copy the last reader read
-        self.kernels: dict = {}  # (shapes, layout, dtype) -> the product kernel reading it stored
+        # (shapes, layout, dtype, scales' axis) -> the product kernel reading a weight stored
+        self.kernels: dict = {}
 
     def _gemm(self, call) -> tirx.PrimFunc | None:
         """The product kernel ``call`` calls, or None."""
@@ -137,6 +138,7 @@ class _Widen(relax.PyExprMutator):
         super().visit_var_binding_(binding)
 
     def _scales_of(self, var) -> relax.Var | None:
+        """The scales' input of the int8 weight input ``var`` is, or None."""
         return next((self.scales[n] for n, v in self.new.items()
                      if var.same_as(v) and n in self.scales), None)
 
