@@ -2,8 +2,8 @@
 SmolLM-135M and Qwen2.5-0.5B architectures with 2 layers of their own widths (hidden size,
 intermediate size, query and key-value heads), a 4096-token vocabulary and 32 tokens, seeded.
 Every case of the experiment (full BP, the paper's transformer scheme, LoRA on q/v, Qwen2's
-bias-only; AdamW), its frozen weights in bfloat16 as the experiment stores them (and two cases
-in float32 and float16), is built for the host and stepped 3 times beside PyTorch doing the same
+bias-only; AdamW), its frozen weights as the experiment stores them (bfloat16; int8 with a
+scale per row in the paper cases; and two cases in float32 and float16), is built for the host and stepped 3 times beside PyTorch doing the same
 update on the same rounded weights: the losses within 1e-4 relative, frozen weights
 bit-identical, the trained set PyTorch's, and every trained tensor as close to PyTorch's in
 float64 as PyTorch's own float32 step is. A frozen head (every case but full BP) takes its
@@ -62,7 +62,8 @@ def llm():
 
 CASES = ["smollm_full", "smollm_paper", "smollm_lora", "qwen_full", "qwen_paper", "qwen_lora",
          "qwen_bias_only", "qwen_lora_512"]
-# the experiment stores frozen weights in bfloat16 (optimize.frozen_dtype); these as well:
+# the experiment stores frozen weights in bfloat16, the paper cases' in int8
+# (optimize.frozen_dtype); these as well:
 OTHER_DTYPES = [("smollm_paper", "float32"), ("qwen_lora", "float16")]
 
 
