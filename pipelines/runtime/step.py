@@ -17,7 +17,7 @@ from pipelines.io import read_json, verified
 from pipelines.layout import SIGNATURE
 from pipelines.runtime.checks import BadBatch, check_batch, check_finite, check_shapes
 from pipelines.runtime.cuda import cuda_device, keep
-from pipelines.stored_weights import STORED_AS, as_stored, widened
+from pipelines.stored_weights import SCALES, STORED_AS, as_stored, widened
 
 LIBRARY, BUILT = "step.so", "build.json"
 
@@ -105,7 +105,8 @@ class CompiledStep:
         """Parameters and buffers under their names in the source (for ``load_state_dict``),
         in float32 where the step stores a frozen weight narrower."""
         names, stored = self.signature["source_names"], self.signature.get(STORED_AS, {})
-        state = {n: v.numpy() for n, v in self.state.items()}
+        read = names.keys() | self.signature.get(SCALES, {}).values()  # not the optimizer's
+        state = {n: v.numpy() for n, v in self.state.items() if n in read}
         # a weight stored narrower goes back widened, as the step read it (torch has no numpy
         # bfloat16)
         return {names[n]: torch.from_numpy(widened(self.signature, n, state) if n in stored

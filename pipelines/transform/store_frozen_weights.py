@@ -139,8 +139,8 @@ class _Widen(relax.PyExprMutator):
 
     def _scales_of(self, var) -> relax.Var | None:
         """The scales' input of the int8 weight input ``var`` is, or None."""
-        return next((self.scales[n] for n, v in self.new.items()
-                     if var.same_as(v) and n in self.scales), None)
+        name = getattr(var, "name", None)
+        return self.scales.get(name) if var.same_as(self.new.get(name)) else None
 
     def visit_call_(self, original):
         call = super().visit_call_(original)
