@@ -45,3 +45,24 @@ def test_every_call_is_timed_and_the_updates_are_found(tmp_path, params, host_pr
     # generated or on OpenBLAS as measured), its update a kernel after it.
     assert any("gemm" in s for s in symbols[loss_at + 1:])
     assert before and all("multiply" in s and "subtract" in s for s in before)
+
+
+def test_the_seeded_batch_is_no_padding():
+    """A step profiled or checked on a device runs on synthetic_batch: its token ids must not
+    be padding, or MiniLM's mean over the unpadded tokens divides by zero (every step NaN,
+    profile@minilm_paper failed so); its labels must be classes."""
+    import numpy as np
+    import torch
+
+    from pipelines.models.minilm import MiniLM
+
+    signature = {"data": ["tokens", "labels"],
+                 "data_types": {"tokens": {"dtype": "int64", "shape": [2, 8]},
+                                "labels": {"dtype": "int64", "shape": [2]}}}
+    tokens, labels = synthetic_batch(signature, 0, 3)
+    assert tokens.shape == (6, 8) and labels.shape == (6,)
+    assert (labels == 0).all()
+    model = MiniLM(layers=1, num_classes=2)
+    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(tokens)),
+                                             torch.from_numpy(labels))
+    assert np.isfinite(loss.item())

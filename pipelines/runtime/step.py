@@ -200,15 +200,16 @@ def initial_state(signature: dict, initial: dict[str, np.ndarray]) -> dict[str, 
 
 def synthetic_batch(signature: dict, seed: int, batches: int = 1) -> tuple[np.ndarray, ...]:
     """Seeded data of the step's inputs' shapes, ``batches`` batches along the first axis:
-    normal floats, zero integers (valid token ids and labels), an attention mask of ones (no
-    position masked). What a step is run on where its numbers, not its data, are checked (a
-    device against the host, a packaged image)."""
+    normal floats, labels of class 0, other integers 1 (token ids past padding: id 0 is
+    BERT's [PAD], and a model that masks padding out of a mean divides by zero on a row of
+    it), an attention mask of ones (no position masked). What a step is run on where its
+    numbers, not its data, are checked (a device against the host, a packaged image)."""
     rng = np.random.default_rng(seed)
     arrays = []
     for name in signature["data"]:  # the step's order
         t = signature["data_types"][name]
         shape = [t["shape"][0] * batches, *t["shape"][1:]]
-        fill = np.ones if name == "attention_mask" else np.zeros
+        fill = np.zeros if name == "labels" else np.ones
         arrays.append(rng.standard_normal(shape).astype(t["dtype"]) if "float" in t["dtype"]
                       else fill(shape, t["dtype"]))
     return tuple(arrays)
