@@ -113,6 +113,36 @@ def test_switched_step_matches_pytorch(tmp_path_factory, host_profile, step, bac
 
 
 @pytest.mark.slow
+def test_an_int8_weight_goes_to_cublas_widened_and_steps_like_pytorch(tmp_path_factory,
+                                                                     host_profile, monkeypatch):
+    """cuBLAS multiplies float32 operands only: a GPU build (library_products) gives it an
+    int8 weight's products on a float32 copy, the weight widened times its rows' scales by a
+    kernel of its own (kernels/gemm.py: widen_kernel), where the GPU rules could schedule the
+    scaled product only as dlight's Fallback. Built here with the cuBLAS shim on OpenBLAS (as
+    above): the paper scheme's step, its frozen weights int8, still does PyTorch's update on
+    the weights they stand for."""
+    from pipelines.backend.blas import library_products
+
+    params = compose_params(*OVERRIDES)
+    full, _, optimized = plan_case(params, "llama_paper", frozen_dtype="int8")
+    mod = optimized.module
+    rows = library_products(mod, "cublas")
+    widened = {n for n, row in rows.items() if "reads" in row}
+    assert rows.keys() == gemm_kernels(mod).keys() and widened
+    assert {rows[n]["reads"] for n in widened} == {"int8, widened to float32 first"}
+    called = switch_backends(mod, {n: "cublas" for n in rows}, split=False).script()
+    assert "widen_operand" in called and "pockengine_sgemm_" not in called
+    monkeypatch.setenv("POCKENGINE_CUBLAS", cublas_on_openblas(tmp_path_factory.mktemp("so")))
+    monkeypatch.setattr("pipelines.backend.blas.measure", lambda mod, target: rows)
+    tmp_path = tmp_path_factory.mktemp("int8")
+    build(mod, optimized.plan, host_profile, tmp_path)
+    built_step = SimpleNamespace(directory=tmp_path, initial=full.initial,
+                                 signature=signature_of(mod))
+    chained_steps_match(built_step, params.models["llama_tiny"],
+                        params.optimizers[params.cases["llama_paper"].optimizer], batches())
+
+
+@pytest.mark.slow
 def test_measurement_times_both_backends(host_profile, step):
     _, _, mod, _, _ = step
     rows = measure(mod, tvm_target(host_profile))

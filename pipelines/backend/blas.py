@@ -16,8 +16,9 @@ Only a device the build can measure (pipelines/profiles.py: runs_here; runner lo
 this machine's CPU) is switched; for the others every product stays generated, and the
 manifest says why. A GPU profile's ``gemm_library`` is the exception: there is no GPU here to
 measure on, so the profile chooses cuBLAS (``pockengine_cublas_sgemm_<XY>``, in
-``cublas_sgemm.cc``) for every float32 product, and the rest stay kernels the GPU rules
-schedule as they are (library_products).
+``cublas_sgemm.cc``) for every float32 product and every int8 weight's (read widened to a
+float32 copy), and a bfloat16 weight's products stay kernels the GPU rules schedule as they are
+(library_products).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from tvm import relax, te, tirx, topi
 from pipelines.backend.cpu_schedules import with_cpu_schedules
 from pipelines.backend.cublas import cublas_object
 from pipelines.ir import dtype_of
-from pipelines.kernels.gemm import GEMM, SCALE_AXIS, gemm_kernel
+from pipelines.kernels.gemm import GEMM, SCALE_AXIS, gemm_kernel, widen_kernel
 from pipelines.timing import step_times
 
 SHIM = Path(__file__).with_name("openblas_sgemm.cc")
@@ -83,6 +84,9 @@ def cublas_function(func: tirx.PrimFunc) -> str:
 
 # A library backend: its shim's function for a gemm kernel
 LIBRARIES = {"openblas": openblas_function, "cublas": cublas_function}
+# The libraries whose shim reads a bfloat16 or int8 second operand itself; the others read it
+# widened to float32 first (kernels/gemm.py: widen_kernel)
+READS_STORED = {"openblas"}
 
 
 @functools.cache
@@ -215,6 +219,14 @@ class _Switch(relax.PyExprMutator):
             self.added[key] = self.builder_.add_func(func, name)
         return self.added[key]
 
+    def _widened(self, weight, *scales):
+        """The float32 copy of a stored ``weight`` (times its rows' ``scales`` where given)."""
+        shape = [int(d) for d in weight.ty.shape]
+        kernel = widen_kernel(shape, dtype_of(weight), bool(scales))
+        return self.builder_.emit(relax.call_tir(self._add(kernel, "widen_operand"),
+                                                 [weight, *scales],
+                                                 relax.TensorType(shape, "float32")))
+
     def visit_call_(self, original):
         call = super().visit_call_(original)
         if getattr(call.op, "name", "") != "relax.call_tir":
@@ -224,9 +236,11 @@ class _Switch(relax.PyExprMutator):
         if not isinstance(func, tirx.PrimFunc) or GEMM not in (func.attrs or {}):
             return call
         operands = list(call.args[1].fields)
-        library = LIBRARIES.get(self.backends.get(name))
-        if library is not None:
-            return relax.call_dps_packed(library(func), operands, original.ty)
+        backend = self.backends.get(name)
+        if backend in LIBRARIES:
+            if backend not in READS_STORED and dtype_of(operands[1]) != "float32":
+                operands = [operands[0], self._widened(*operands[1:])]
+            return relax.call_dps_packed(LIBRARIES[backend](func), operands, original.ty)
         if not self.split:
             return call
         *transposes, (product, _) = generated_parts(func)
@@ -273,10 +287,18 @@ def link_libraries(directory: Path, backends, cc: str | None = None) -> dict:
 
 
 def library_products(mod: tvm.IRModule, library: str) -> dict[str, dict]:
-    """Per float32 gemm kernel of ``mod``: its shapes and ``library`` as its backend. A GPU
-    build chooses by its profile: the build host has no GPU to time kernels on. A kernel that
-    reads a weight stored narrower stays generated (cuBLAS multiplies operands of one type)."""
-    return {name: {"shapes": _operand_shapes(func), "transposed": str(func.attrs[GEMM]),
-                   "backend": library}
-            for name, func in sorted(gemm_kernels(mod).items())
-            if set(_operand_dtypes(func)) == {"float32"}}
+    """Per gemm kernel of ``mod``: its shapes and ``library`` as its backend. A GPU build
+    chooses by its profile: the build host has no GPU to time kernels on. A bfloat16 weight's
+    product stays generated (the GPU rules' Matmul schedule reads it as it is); an int8
+    weight's, whose scales those rules cannot schedule (dlight's Fallback: a thread per
+    output), goes to the library on a float32 copy (``reads``)."""
+    rows = {}
+    for name, func in sorted(gemm_kernels(mod).items()):
+        dtype = _operand_dtypes(func)[1]
+        if dtype == "bfloat16":
+            continue
+        rows[name] = {"shapes": _operand_shapes(func), "transposed": str(func.attrs[GEMM]),
+                      "backend": library,
+                      **({"reads": f"{dtype}, widened to float32 first"}
+                         if dtype != "float32" and library not in READS_STORED else {})}
+    return rows

@@ -3,7 +3,9 @@
 whole and a CPU build can switch it to OpenBLAS (pipelines/backend/blas.py). Its second operand
 may be a frozen weight stored as bfloat16 or int8 (transform/store_frozen_weights.py): each
 element is widened to float32 as the product reads it, an int8 weight's times its row's scale (a
-third operand), so the sums are the float32 product's of the weight the step stands for."""
+third operand), so the sums are the float32 product's of the weight the step stands for. A
+library that multiplies float32 operands only (cuBLAS) reads such a weight widened first, by
+``widen_kernel``, into a float32 copy that lives while the product runs."""
 from __future__ import annotations
 
 from tvm import te, tirx
@@ -46,3 +48,15 @@ def gemm_kernel(shape_a: list[int], shape_b: list[int], trans: str,
     func = te.create_prim_func(operands).without_attr("global_symbol")  # named by the module
     attrs = {GEMM: trans, "op_pattern": OPAQUE}
     return func.with_attrs(attrs if scale is None else {**attrs, SCALE_AXIS: scale_axis})
+
+
+def widen_kernel(shape: list[int], dtype: str, scaled: bool) -> tirx.PrimFunc:
+    """W of ``dtype`` as float32, each row (first axis) times its scale in S where ``scaled``
+    (an int8 weight's): the values the step stands for, rounded as stored_weights.dequantized
+    rounds them (one float32 product per element)."""
+    w = te.placeholder(shape, dtype, "W")
+    scale = te.placeholder([shape[0]], "float32", "S") if scaled else None
+    out = te.compute(shape, lambda *i: w[i].astype("float32") * scale[i[0]] if scaled
+                     else w[i].astype("float32"), name="widen")
+    operands = [w, scale, out] if scaled else [w, out]
+    return te.create_prim_func(operands).without_attr("global_symbol")
