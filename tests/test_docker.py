@@ -161,6 +161,14 @@ def test_pytorch_peers_train_in_the_container_as_on_the_host(client, params, hos
         assert got["container"]["steps"] == 1 and 0 < got["peak_rss_bytes"] < 2048 * 2**20
     assert (result["peers"]["torch_eager_frozen"]["trained_elements"]
             < result["peers"]["torch_eager_full"]["trained_elements"])
+    # The native runner (what a package ships) ran the same build in the same limits, and the
+    # peers are compared with its run: a fraction of the Python runner's memory.
+    native = result["native"]
+    assert native["verdict"] == "ok" and native["matches"], native
+    assert native["image"].startswith("pockengine/native-amd64:") and native["steps"] == 3
+    assert 0 < native["peak_rss_bytes"] < result["peak_rss_bytes"] / 2
+    assert result["memory_vs_torch_eager_full"] == pytest.approx(
+        native["peak_rss_bytes"] / result["peers"]["torch_eager_full"]["peak_rss_bytes"])
 
 
 # The on-device engines' peers with the scheme's layers frozen: the library each needs here,

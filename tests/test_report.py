@@ -115,6 +115,20 @@ def test_pytorch_in_the_device_container_shows_its_verdict_peak_loss_and_ratios(
         "| q_paper | board_8g | torch_eager_frozen | ok | 5120.00 MiB | matches (12.250000 vs "
         "12.250000) | 2500.00 ms in a container | 2.78x the speed, 0.60x the memory |",
         "| q_paper | board_8g | torch_eager_other | failed |  |  | RuntimeError: boom |  |"]
+    # Where the native runner (what a package ships) ran the step too, the peers are compared
+    # with its run; one whose loss is not the Python runner's is not what ships.
+    native = {"verdict": "ok", "matches": True, "median_ms": 600.0, "peak_rss_bytes": 2**30,
+              "first_loss": 2.5}
+    shipped = {**fits, "native": native}
+    shipped.update(peer_ratios(shipped))
+    assert shipped["speedup_vs_torch_eager_frozen"] == pytest.approx(2500 / 600)
+    assert shipped["memory_vs_torch_eager_frozen"] == pytest.approx(1 / 5)
+    row = next(line for line in device_table({**found, "benchmark": {"q_paper-board_8g": shipped}})
+               if line.startswith("| q_paper | board_8g | llvm"))
+    assert row.endswith("| 900.00 ms in a container (this machine's cores); native runner "
+                        "600.00 ms | 3072.00 MiB (native runner 1024.00 MiB) |")
+    wrong = {**fits, "native": {**native, "matches": False}}
+    assert peer_ratios(wrong)["memory_vs_torch_eager_frozen"] == pytest.approx(3 / 5)
 
 
 def test_a_case_is_read_by_accuracy_or_a_language_model_by_perplexity():

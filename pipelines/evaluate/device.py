@@ -6,9 +6,10 @@
   TVM's time_evaluator (rpc), or labelled ``emulated`` or ``container`` (this machine's cores,
   not the device's; never compared with real timings). ``verdict`` is ``ok``, or
   ``out_of_memory`` when the step did not fit in the container's memory_mb: recorded (the
-  device's answer, not a crash of the pipeline). In a container, the PyTorch peers the profile
-  names (``docker.peers``) then train the case in the same limits, each with its verdict
-  (``peers``: container_peers.py);
+  device's answer, not a crash of the pipeline). In a container, the native runner (what a
+  package ships: no Python) then runs the same build in the same limits (``native``), and the
+  peers the profile names (``docker.peers``) train the case there, each with its verdict
+  (``peers``: container_peers.py), compared with the native runner's run;
 - local: this machine (another build for it, e.g. another -mcpu): checked and timed here;
 - none: nothing here reaches the device; the result says so, and how to reach it.
 """
@@ -31,6 +32,9 @@ def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple
     case's) after it (container_peers.py)."""
     built = Build.load(build)
     metrics = _run_build(device, profile, built, initial, batch, reference, warmup, steps)
+    if profile.runner == "docker" and metrics.get("verdict") == "ok":
+        metrics["native"] = _run_native(build, initial, batch, profile, warmup + steps,
+                                        metrics["loss"])
     peers = profile.docker.peers if profile.runner == "docker" and profile.docker else []
     if peers and metrics["ran"]:
         from pipelines.evaluate.container_peers import run_peers
@@ -41,18 +45,42 @@ def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple
     return metrics
 
 
+def _run_native(build: Path, initial: dict, batch: tuple, profile, steps: int,
+                loss: float) -> dict:
+    """The native runner's run in the same limits (runners/docker.py: run_native), its first
+    loss checked against the Python runner's on the same build and arguments."""
+    from pipelines.runtime.images import OutOfMemory
+    from pipelines.runtime.runners.docker import run_native
+
+    try:
+        native = run_native(build, initial, batch, profile, steps)
+    except OutOfMemory as err:
+        return {"verdict": "out_of_memory", "reason": str(err).splitlines()[0]}
+    return {"verdict": "ok", **native, "matches": bool(np.isclose(native["first_loss"], loss,
+                                                                  rtol=1e-6, atol=0))}
+
+
+def shipped(metrics: dict) -> dict:
+    """The compiled step's step time and peak memory as a device runs it: the native runner's
+    where it ran (docker), else the runner's that checked the step."""
+    native = metrics.get("native", {})
+    if native.get("verdict") == "ok" and native["matches"]:
+        return {"median_ms": native["median_ms"], "peak_rss_bytes": native["peak_rss_bytes"]}
+    return {"median_ms": metrics["container"]["median_ms"],
+            "peak_rss_bytes": metrics["peak_rss_bytes"]}
+
+
 def peer_ratios(metrics: dict) -> dict:
-    """The compiled step against each peer that ran beside it in the same container: its
-    speedup (the peer's step time over its own) and its memory (its peak over the peer's), as
-    evaluate@ names them."""
+    """The compiled step as a device runs it (``shipped``) against each peer that ran beside it
+    in the same container, each a whole process: its speedup (the peer's step time over its
+    own) and its memory (its peak over the peer's), as evaluate@ names them."""
     if metrics.get("verdict") != "ok":
         return {}
-    ratios = {}
+    ratios, own = {}, shipped(metrics)
     for peer, r in metrics["peers"].items():
         if r["verdict"] == "ok":
-            ratios[f"speedup_vs_{peer}"] = (r["container"]["median_ms"]
-                                            / metrics["container"]["median_ms"])
-            ratios[f"memory_vs_{peer}"] = metrics["peak_rss_bytes"] / r["peak_rss_bytes"]
+            ratios[f"speedup_vs_{peer}"] = r["container"]["median_ms"] / own["median_ms"]
+            ratios[f"memory_vs_{peer}"] = own["peak_rss_bytes"] / r["peak_rss_bytes"]
     return ratios
 
 
@@ -89,8 +117,15 @@ def _run_build(device: str, profile, built, initial: dict, batch: tuple,
 
 
 def summary(metrics: dict) -> str:
-    """A line on what ran where and how it compares, and one per PyTorch peer beside it."""
-    return "\n".join([_summary(metrics), *(
+    """A line on what ran where and how it compares, one on the native runner where it ran,
+    and one per peer beside it."""
+    native = metrics.get("native")
+    return "\n".join([_summary(metrics), *([] if native is None else [
+        f"  native runner: {native['verdict']}" + (
+            f", peak {native['peak_rss_bytes'] / 2**20:.0f} MiB, loss {native['first_loss']:.6f} "
+            f"{'matches' if native['matches'] else 'DOES NOT MATCH'} the Python runner's; "
+            f"{native['median_ms']:.2f} ms/step" if native["verdict"] == "ok"
+            else f" ({native['reason']})")]), *(
         f"  {peer}: " + (f"{r['verdict']} ({r['reason']})" if "reason" in r else
                          f"ok, peak {r['peak_rss_bytes'] / 2**20:.0f} MiB, loss {r['loss']:.6f} "
                          f"{'matches' if r['matches_host'] else 'DOES NOT MATCH'} the host "

@@ -228,7 +228,9 @@ def _container_peers_table(benchmarks: dict) -> list[str]:
              "twin from the same values, exported with its loss; TensorFlow's step saved, "
              "TFLite's model converted, ONNX Runtime's training artifacts and ExecuTorch's "
              "program made here; the same "
-             "optimizer and trainable set as on the host):", "",
+             "optimizer and trainable set as on the host). The compiled step's figures "
+             "beside them are the native runner's (what a package ships, no Python), each "
+             "a whole process:", "",
              "| case | device | peer | verdict | peak memory | first loss vs the host build | "
              "step latency | compiled step vs it |", "|---|---|---|---|---|---|---|---|"]
     for key, peer, r, bench in rows:
@@ -264,6 +266,7 @@ def device_table(found: dict) -> list[str]:
                 + (f"; {tuned} kernels tuned" if tuned else ""))
         # the process's peak resident memory on the device (under qemu: qemu's included)
         peak = _mib(bench["peak_rss_bytes"]) if "peak_rss_bytes" in bench else ""
+        native = bench.get("native", {})
         if not bench["ran"]:
             ran, matches, latency = f"not run ({bench['runner']})", "", ""
         elif bench["verdict"] == "out_of_memory":
@@ -278,6 +281,11 @@ def device_table(found: dict) -> list[str]:
                        else f"{bench['container']['median_ms']:.2f} ms in a container (this "
                        "machine's cores)" if "container" in bench
                        else f"{bench['compiled']['median_ms']:.2f} ms")
+            if native.get("verdict") == "ok":  # the Python runner checked it; what ships
+                latency += f"; native runner {native['median_ms']:.2f} ms"
+                peak += f" (native runner {_mib(native['peak_rss_bytes'])})"
+            elif native:
+                peak += f" (native runner {native['verdict'].replace('_', ' ')})"
         case, device = key.rsplit("-", 1)
         lines.append(f"| {case} | {device} | {_target_name(built['target'])} | {what} | {ran} "
                      f"| {matches} | {latency} | {peak} |")

@@ -94,6 +94,39 @@ def run(library: Path, args: list, profile, warmup: int, steps: int):
     return outputs, times, {**info, "image": image["tag"], "image_id": image["id"]}
 
 
+def run_native(build_dir: Path, initial: dict, batch: tuple, profile, steps: int) -> dict:
+    """The native runner (C++, no Python: what package@ ships) stepping the build in
+    ``build_dir`` from ``initial`` ``steps`` times on ``batch``, in the profile's limits, in
+    the minimal Debian it needs; its time per step (the median after the first, which sets up
+    the VM's memory pools), the whole process's peak memory and first loss. Raises
+    images.OutOfMemory when it does not fit."""
+    import numpy as np
+
+    from pipelines.runtime.emulation import NATIVE_DEBIAN, NATIVE_DROP
+    from pipelines.runtime.images import debian_layer, run_limited
+    from pipelines.runtime.native import build_runner, save_data, step_directory
+
+    client, image = _image(profile, lambda arch: [debian_layer(arch, NATIVE_DEBIAN, NATIVE_DROP)],
+                           "native")
+    signature = json.loads((Path(build_dir) / "signature.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="pock-docker-") as tmp:
+        app, data, out = (Path(tmp, name) for name in ("app", "data", "out"))
+        build_runner(profile, app)  # the runner and the step in one directory, as in a package
+        step_directory(build_dir, initial, app)
+        data.mkdir()
+        out.mkdir()
+        save_data(data / "train.safetensors", signature,
+                  tuple(np.concatenate([a] * steps) for a in batch))
+        run_limited(client, image["id"], ["/app/runner", "/app", "--data", "/data", "--out",
+                                          "/out", "--steps", str(steps)], profile,
+                    {app: ("/app", "ro"), data: ("/data", "ro"), out: ("/out", "rw")},
+                    (profile.docker or Config()).timeout_s)
+        log = json.loads((out / "log.json").read_text())
+    return {"median_ms": float(np.median(log["step_ms"][1:] or log["step_ms"])),
+            "steps": log["steps"], "peak_rss_bytes": log["peak_rss_bytes"],
+            "first_loss": log["losses"][0], "image": image["tag"]}
+
+
 def _run_script(profile, layers, name: str, script: Path, files: dict, arguments: list) -> dict:
     """``script`` (sampled_peak.py beside it) run in the image of ``layers`` in the profile's
     limits, on ``files`` (a name in /io -> a path to copy, or bytes) and ``arguments`` (after
