@@ -33,8 +33,7 @@ def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple
     built = Build.load(build)
     metrics = _run_build(device, profile, built, initial, batch, reference, warmup, steps)
     if profile.runner == "docker" and metrics.get("verdict") == "ok":
-        metrics["native"] = _run_native(build, initial, batch, profile, warmup + steps,
-                                        metrics["loss"])
+        metrics["native"] = _run_native(build, initial, batch, profile, warmup + steps)
     peers = profile.docker.peers if profile.runner == "docker" and profile.docker else []
     if peers and metrics["ran"]:
         from pipelines.evaluate.container_peers import run_peers
@@ -45,10 +44,9 @@ def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple
     return metrics
 
 
-def _run_native(build: Path, initial: dict, batch: tuple, profile, steps: int,
-                loss: float) -> dict:
+def _run_native(build: Path, initial: dict, batch: tuple, profile, steps: int) -> dict:
     """The native runner's run in the same limits (runners/docker.py: run_native), its first
-    loss checked against the Python runner's on the same build and arguments."""
+    loss checked against the Python runner's on the same build and batch."""
     from pipelines.runtime.images import OutOfMemory
     from pipelines.runtime.runners.docker import run_native
 
@@ -56,8 +54,8 @@ def _run_native(build: Path, initial: dict, batch: tuple, profile, steps: int,
         native = run_native(build, initial, batch, profile, steps)
     except OutOfMemory as err:
         return {"verdict": "out_of_memory", "reason": str(err).splitlines()[0]}
-    return {"verdict": "ok", **native, "matches": bool(np.isclose(native["first_loss"], loss,
-                                                                  rtol=1e-6, atol=0))}
+    return {"verdict": "ok", **native, "matches": bool(np.isclose(
+        native["first_loss"], native["first_loss_python"], rtol=1e-6, atol=0))}
 
 
 def shipped(metrics: dict) -> dict:

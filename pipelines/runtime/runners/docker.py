@@ -98,33 +98,37 @@ def run_native(build_dir: Path, initial: dict, batch: tuple, profile, steps: int
     """The native runner (C++, no Python: what package@ ships) stepping the build in
     ``build_dir`` from ``initial`` ``steps`` times on ``batch``, in the profile's limits, in
     the minimal Debian it needs; its time per step (the median after the first, which sets up
-    the VM's memory pools), the whole process's peak memory and first loss. Raises
+    the VM's memory pools), the whole process's peak memory and first loss, beside the first
+    loss of the Python runner (python_runner.py, here) on the same build and data: the runners
+    take the same seeded shuffle of the examples, so their first batches are the same. Raises
     images.OutOfMemory when it does not fit."""
     import numpy as np
 
     from pipelines.runtime.emulation import NATIVE_DEBIAN, NATIVE_DROP
     from pipelines.runtime.images import debian_layer, run_limited
-    from pipelines.runtime.native import build_runner, save_data, step_directory
+    from pipelines.runtime.native import build_runner, run_python, save_data, step_directory
 
     client, image = _image(profile, lambda arch: [debian_layer(arch, NATIVE_DEBIAN, NATIVE_DROP)],
                            "native")
     signature = json.loads((Path(build_dir) / "signature.json").read_text())
+    timeout = (profile.docker or Config()).timeout_s
     with tempfile.TemporaryDirectory(prefix="pock-docker-") as tmp:
-        app, data, out = (Path(tmp, name) for name in ("app", "data", "out"))
+        app, data, out, python = (Path(tmp, name) for name in ("app", "data", "out", "python"))
         build_runner(profile, app)  # the runner and the step in one directory, as in a package
         step_directory(build_dir, initial, app)
-        data.mkdir()
-        out.mkdir()
+        for directory in (data, out, python):
+            directory.mkdir()
         save_data(data / "train.safetensors", signature,
                   tuple(np.concatenate([a] * steps) for a in batch))
         run_limited(client, image["id"], ["/app/runner", "/app", "--data", "/data", "--out",
                                           "/out", "--steps", str(steps)], profile,
-                    {app: ("/app", "ro"), data: ("/data", "ro"), out: ("/out", "rw")},
-                    (profile.docker or Config()).timeout_s)
+                    {app: ("/app", "ro"), data: ("/data", "ro"), out: ("/out", "rw")}, timeout)
         log = json.loads((out / "log.json").read_text())
+        checked = run_python(app, data, python, int(profile.cores), timeout, ("--steps", "1"))
     return {"median_ms": float(np.median(log["step_ms"][1:] or log["step_ms"])),
             "steps": log["steps"], "peak_rss_bytes": log["peak_rss_bytes"],
-            "first_loss": log["losses"][0], "image": image["tag"]}
+            "first_loss": log["losses"][0], "first_loss_python": checked["losses"][0],
+            "image": image["tag"]}
 
 
 def _run_script(profile, layers, name: str, script: Path, files: dict, arguments: list) -> dict:
