@@ -214,7 +214,7 @@ class _Switch(relax.PyExprMutator):
         self.mod, self.backends, self.split, self.added = mod, backends, split, {}
 
     def _add(self, func: tirx.PrimFunc, name: str):
-        key = (name, *(tuple(int(d) for d in p.shape) for p in func.params))
+        key = (name, *((tuple(int(d) for d in p.shape), str(p.dtype)) for p in func.params))
         if key not in self.added:
             self.added[key] = self.builder_.add_func(func, name)
         return self.added[key]
