@@ -1,14 +1,22 @@
 """The report (pipelines/report/render.py): each committed `pock gpu bench` run rendered as a
 table, a case that failed on the GPU said so with its error, nothing dropped; each package's
 trial with both runners' figures, or why it did not run; a fine-tuned case's held-out score as
-its task reads it; the time from a model to its first step, phase by phase."""
+its task reads it; the time from a model to its first step, phase by phase; which OpenBLAS
+kernels each timed run's products ran."""
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 
+from pipelines.backend.blas import OPENBLAS_LIB
 from pipelines.evaluate.device import peer_ratios
 from pipelines.evaluate.finetune import over_runs
 from pipelines.report.first_step import first_step_table
 from pipelines.report.plots import gpu_rows, gpu_svg, peer_rows
-from pipelines.report.render import case_table, device_table, gpu_tables, peer_table
+from pipelines.evaluate.speed import openblas_kernels
+from pipelines.report.render import (case_table, device_table, gpu_tables, openblas_lines,
+                                     peer_table)
 
 
 def _timed(ms: float) -> dict:
@@ -210,3 +218,26 @@ def test_the_time_to_a_first_step_adds_up_each_phase_and_the_first_step():
     # b's prune was not timed, old's first step was not: neither is a row
     assert not [line for line in lines if line.startswith(("| b |", "| old |"))]
     assert first_step_table("m", ["b"], found) == []
+
+
+def test_a_run_says_which_openblas_kernels_its_products_ran(tmp_path):
+    import scipy_openblas32
+
+    assert openblas_kernels(tmp_path) is None  # a step whose products are all generated
+    shutil.copyfile(Path(scipy_openblas32.get_lib_dir()) / OPENBLAS_LIB, tmp_path / OPENBLAS_LIB)
+    blas = openblas_kernels(tmp_path)
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    assert blas["forced"] == forced
+    assert blas["core"] and (not forced or blas["core"].lower() == forced.lower())
+    found = {"evaluate": {
+        "m_full": {"speed": {"sgemm_peak_gflop_per_s": 247.1,
+                             "openblas": {"core": "Haswell", "forced": "Haswell"}}},
+        "m_paper": {"speed": {"sgemm_peak_gflop_per_s": 441.9,
+                              "openblas": {"core": "SkylakeX", "forced": None}}},
+        "m_lora": {"speed": {"sgemm_peak_gflop_per_s": 440.0}},  # no OpenBLAS in its step
+        "m_bitfit": None}}
+    assert openblas_lines(list(found["evaluate"]), found) == [
+        "OpenBLAS's kernels in each run: m_full: Haswell, forced by OPENBLAS_CORETYPE=Haswell "
+        "(sgemm peak 247 GFLOP/s); m_paper: SkylakeX, OpenBLAS's choice for this CPU "
+        "(sgemm peak 442 GFLOP/s).", ""]
+    assert openblas_lines(["m_lora"], found) == []

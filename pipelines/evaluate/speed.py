@@ -301,6 +301,24 @@ def gpu_sgemm_peak(_cores: int, size: int = 4096, repeats: int = 20) -> float:
     return _product_gflops(lambda: (a @ a, torch.cuda.synchronize()), size, repeats)
 
 
+def openblas_kernels(build: Path) -> dict | None:
+    """Which of OpenBLAS's kernels the step's products run on this machine: the core it names
+    (``core``), and OPENBLAS_CORETYPE where the environment forces one (``forced``; some set
+    an older core for older OpenBLAS builds, and its kernels can be half as fast: docs/tuning.md,
+    "OpenBLAS's kernels"). None for a step without OpenBLAS. Read in a fresh process: what
+    the library chooses when it loads, in this process's environment."""
+    import ctypes
+
+    from pipelines.backend.blas import OPENBLAS_LIB
+
+    library = Path(build) / OPENBLAS_LIB
+    if not library.is_file():
+        return None
+    corename = ctypes.CDLL(str(library)).scipy_openblas_get_corename
+    corename.restype = ctypes.c_char_p
+    return {"core": corename().decode(), "forced": os.environ.get("OPENBLAS_CORETYPE")}
+
+
 def peer_losses(case: str, spec: Spec, steps: int) -> tuple[list, list]:
     """A checked peer's losses over its first ``steps`` on the spec's batch, and PyTorch's
     doing the same update (pipelines/peers: ``check_losses``)."""
@@ -351,6 +369,7 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
         if peer in results:
             results[peer]["first_losses"] = checked
     peak = in_fresh_process(gpu_sgemm_peak if spec.device == "cuda" else sgemm_peak, spec.cores)
+    openblas = in_fresh_process(openblas_kernels, spec.build) if spec.device == "cpu" else None
     with np.load(spec.batch) as batch:
         x = batch[batch.files[0]]  # the model's first input
     tokens = x.dtype.kind in "iu" and x.ndim == 2  # a token grid: tokens/s, as LLMs are read
@@ -369,4 +388,5 @@ def measure(spec: Spec, peers: list[str], report: dict) -> dict:
         ratios["memory_vs_torch_eager_full"] = (compiled[held] / eager[held]
                                                 if eager[held] else None)
     return {**results, **ratios, "sgemm_peak_gflop_per_s": peak,
+            **({"openblas": openblas} if openblas else {}),
             **({"not_timed": skipped} if skipped else {})}

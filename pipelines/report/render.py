@@ -103,7 +103,23 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
                     "below. Peak memory is each process's resident memory at its peak "
                     "above what it held before the case was set up: weights, optimizer state, "
                     "activations.", "",
-                    *(["Not timed:", "", *not_timed, ""] if not_timed else [])]
+                    *(["Not timed:", "", *not_timed, ""] if not_timed else []),
+                    *openblas_lines(names, found)]
+
+
+def openblas_lines(names: list[str], found: dict) -> list[str]:
+    """Which OpenBLAS kernels each case's products ran, beside the run's sgemm peak: the
+    same code is up to twice as fast on a CPU's own kernels as on an older core's, which some
+    environments force (OPENBLAS_CORETYPE)."""
+    runs = []
+    for name in names:
+        speed = (found["evaluate"][name] or {}).get("speed") or {}
+        if blas := speed.get("openblas"):
+            forced = (f", forced by OPENBLAS_CORETYPE={blas['forced']}" if blas["forced"]
+                      else ", OpenBLAS's choice for this CPU")
+            runs.append(f"{name}: {blas['core']}{forced} "
+                        f"(sgemm peak {speed['sgemm_peak_gflop_per_s']:.0f} GFLOP/s)")
+    return ["OpenBLAS's kernels in each run: " + "; ".join(runs) + ".", ""] if runs else []
 
 
 def timed_peers(names: list[str], found: dict) -> list[str]:
