@@ -25,6 +25,9 @@ from pipelines.schema import HOST
 # A build's signature (pipelines/phases.py writes it): here, so that a process that times a
 # peer reads it without importing TVM
 SIGNATURE = "signature.json"
+# OpenBLAS's library beside a build's step.so (pipelines/backend/blas.py copies it there): here,
+# so that a process on TVM's runtime alone (a GPU host's) can read which kernels it runs
+OPENBLAS_LIB = "libscipy_openblas.so"
 
 
 def stage_name(stage: str, case: str, device: str | None = None) -> str:

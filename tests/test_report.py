@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.backend.blas import OPENBLAS_LIB
 from pipelines.evaluate.device import peer_ratios
 from pipelines.evaluate.finetune import over_runs
 from pipelines.evaluate.speed import openblas_kernels
+from pipelines.layout import OPENBLAS_LIB
 from pipelines.report.first_step import first_step_table
 from pipelines.report.plots import gpu_rows, gpu_svg, peer_rows
 from pipelines.report.render import (case_table, device_table, gpu_tables, openblas_lines,

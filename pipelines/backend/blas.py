@@ -35,11 +35,11 @@ from tvm import relax, te, tirx, topi
 from pipelines.backend.cpu_schedules import with_cpu_schedules
 from pipelines.backend.cublas import cublas_object
 from pipelines.ir import dtype_of
+from pipelines.layout import OPENBLAS_LIB
 from pipelines.kernels.gemm import GEMM, SCALE_AXIS, gemm_kernel, widen_kernel
 from pipelines.timing import step_times
 
 SHIM = Path(__file__).with_name("openblas_sgemm.cc")
-OPENBLAS_LIB = "libscipy_openblas.so"
 # OpenBLAS is chosen for a product only when it is this much faster: close calls stay
 # generated, so a rebuild on a noisy machine rarely flips a choice.
 MARGIN = 1.1

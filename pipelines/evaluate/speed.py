@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.io import read_json
-from pipelines.layout import SIGNATURE
+from pipelines.layout import OPENBLAS_LIB, SIGNATURE
 from pipelines.peers import PEERS, why_not
 from pipelines.timing import step_times
 
@@ -308,8 +308,6 @@ def openblas_kernels(build: Path) -> dict | None:
     "OpenBLAS's kernels"). None for a step without OpenBLAS. Read in a fresh process: what
     the library chooses when it loads, in this process's environment."""
     import ctypes
-
-    from pipelines.backend.blas import OPENBLAS_LIB
 
     library = Path(build) / OPENBLAS_LIB
     if not library.is_file():
