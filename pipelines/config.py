@@ -15,6 +15,7 @@ params.yaml holds:
     optimizers  name -> Optimizer    conf/optimizer/<name>.yaml, every one
     cases       name -> Case         conf/experiment/<name>.yaml: what the chain compiles
     deploy, devices                  the cases built for each device besides the host
+    profile                          the cases profiled kernel by kernel on the host
     optimize, benchmark, package, regress, profiles, seed   conf/config.yaml
 """
 from __future__ import annotations
@@ -210,6 +211,7 @@ class Params(Strict):
     cases: dict[str, Case] = Field(min_length=1)
     devices: list[str]
     deploy: list[str]
+    profile: list[str]
     profiles: dict[str, dict[str, Any]] = {}
     optimize: Optimize
     benchmark: Benchmark
@@ -243,9 +245,10 @@ class Params(Strict):
                 raise ValueError(f"cases.{name}.evaluate has finetune, but model {case.model!r} "
                                  f"has task {model.task!r} and its data (kind "
                                  f"{model.data.kind!r}) labels for {list(tasks)}")
-        for name in self.deploy:
-            if name not in self.cases:
-                raise ValueError(f"deploy names {name!r}; allowed: {sorted(self.cases)}")
+        for key in ("deploy", "profile"):
+            for name in getattr(self, key):
+                if name not in self.cases:
+                    raise ValueError(f"{key} names {name!r}; allowed: {sorted(self.cases)}")
         if HOST in self.devices:
             raise ValueError(f"devices lists {HOST!r}: every case is built for the host already; "
                              "devices are the others the deploy cases are built for")
@@ -293,7 +296,7 @@ def _explain(error: ValidationError, source: Path) -> ConfigError:
         loc = [str(part) for i, part in enumerate(parts) if not _union_tag(parts[:i], part)]
         key = ".".join(loc) or "(top level)"
         origin = (_ORIGINS[loc[0]].format(loc[1]) if loc and loc[0] in _ORIGINS and len(loc) > 1
-                  else "conf/experiment" if loc and loc[0] in ("cases", "deploy", "devices")
+                  else "conf/experiment" if loc and loc[0] in ("cases", "deploy", "profile", "devices")
                   else "conf/config.yaml")
         message = item["msg"].removeprefix("Value error, ")
         value = item.get("input")

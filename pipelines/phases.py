@@ -11,8 +11,8 @@ nowhere else.
     Tuning         tune@<case>-<device>    the variant the device builds, its kernels' tuned
                                            schedules (a MetaSchedule database)
     Build          build@<case>-<device>   the step library for one device, its signature, plan
-    Reference      profile@<case>     the host build's outputs on the seeded batch, what each
-                                      device's build of the case is checked against
+    Reference      reference@<case>       the host build's outputs on the seeded batch, what each
+                                           device's build of the case is checked against
 
 A step module carries its signature (pipelines/ir.py) in memory; on disk it is
 ``signature.json`` beside the TVMScript.
@@ -226,7 +226,7 @@ class Build:
 
 @dataclass
 class Reference:
-    """The host build's outputs after one step on the seeded batch (profile@<case>), by output
+    """The host build's outputs after one step on the seeded batch (reference@<case>), by output
     name: what each device's build must give on the same arguments (evaluate/device.py)."""
 
     outputs: dict[str, np.ndarray]

@@ -1,7 +1,7 @@
 """benchmark@<case>-<device>: the case's build for a device, run where the profile's runner
 reaches it (pipelines/evaluate/device.py; pipelines/runtime/runners): over TVM RPC, under qemu,
 in a container limited to the device's cores and memory, or here; one step on the seeded batch
-profile@ ran the host build on, checked against its outputs, then timed. A runner of none
+reference@ ran the host build on, checked against its outputs, then timed. A runner of none
 records why nothing ran. In a container, the PyTorch peers the profile names train the same case
 in the same limits after it.
 

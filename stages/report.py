@@ -15,7 +15,7 @@ def main() -> None:
     params = load_params()
     cases = {name: case.model_dump() for name, case in params.cases.items()}
     found = load(ARTIFACTS / "metrics", cases, params.deploy, params.devices,
-                 params.package.devices)
+                 params.package.devices, params.profile)
     with atomic_dir(ARTIFACTS / "plots") as tmp:
         write_plots(tmp, found, params.deploy, cases_by_model(cases))
     write_text_atomic(ARTIFACTS / "report.md", render(found, cases, params.deploy))

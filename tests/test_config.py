@@ -51,6 +51,7 @@ def test_the_ci_lane_is_a_subset_of_the_default_pipeline():
     ("cases.mbv2.scheme=mbv2_papr", "cases.mbv2.scheme='mbv2_papr'; allowed: ['bias_only'"),
     ("optimizers.sgd.lr=-1", "optimizers.sgd.lr=-1 (from conf/optimizer/sgd.yaml)"),
     ("deploy=[mbv3]", "deploy names 'mbv3'; allowed: ['llama_full'"),
+    ("profile=[mbv3]", "profile names 'mbv3'; allowed: ['llama_full'"),
     ("devices=[host]", "devices lists 'host'"),
     ("devices=[rpi4,rpi9]", "'rpi9' has no profile; allowed: ['android_sd8g2'"),
     ("devices=[edge_x86]", "package.devices has 'rpi4', which is not built (not in devices); "

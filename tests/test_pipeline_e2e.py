@@ -87,7 +87,7 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     assert ran_stages(first) == {
         "code", "resolve", "data@model", "weights@model", "import@model", "lower@model",
         "autodiff@model", "prune@model", "optimize@model", "tune@model", "build@model",
-        "evaluate@model", "profile@model", "device_tune@model-android_sd8g2",
+        "evaluate@model", "profile@model", "reference@model", "device_tune@model-android_sd8g2",
         "device_build@model-android_sd8g2", "benchmark@model-android_sd8g2", "report"}
     art = repo / "artifacts"
     for path in ["models/model/lower/model.relax.py", "cases/model/autodiff/train_step.relax.py",
@@ -117,7 +117,8 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     assert "time to the first step" in (art / "report.md").read_text()
     assert ran_stages(run(["dvc", "repro"], repo)) == {"report"}
 
-    # One parameter: the benchmark's step count is read by evaluate, profile and benchmark.
+    # One parameter: the benchmark's step count is read by evaluate, profile and benchmark
+    # (and the seed beside it in the same resolved file, by reference).
     # DVC sees params.yaml change for resolve only; once it has run (pock status runs it), the
     # stages whose resolved inputs changed.
     four_steps = [o if o != "benchmark.steps=3" else "benchmark.steps=4" for o in SMALL]
@@ -125,9 +126,10 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
     assert stale(run(["dvc", "status", "dvc.yaml"], repo)) == {"resolve"}
     run(["dvc", "repro", "resolve"], repo)
     assert stale(run(["dvc", "status", "dvc.yaml"], repo)) == {
-        "evaluate@model", "profile@model", "benchmark@model-android_sd8g2"}
+        "evaluate@model", "profile@model", "reference@model", "benchmark@model-android_sd8g2"}
     assert ran_stages(run(["dvc", "repro"], repo)) == {
-        "evaluate@model", "profile@model", "benchmark@model-android_sd8g2", "report"}
+        "evaluate@model", "profile@model", "reference@model", "benchmark@model-android_sd8g2",
+        "report"}
 
     # A budget only the recomputing step fits (just under the plain step's plan): optimize
     # makes the recomputing twin, and the device build takes it and says so.

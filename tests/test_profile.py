@@ -1,11 +1,13 @@
 """The kernel profile (pipelines/evaluate/kernel_profile.py, profile@<case>): every VM call of a step is
 timed, in order, by the native runner; the loss kernel splits forward from backward, and the
 kernels returning new state are the updates."""
+import math
+
 import pytest
 
 from conftest import plan_case
 from pipelines.compile import build
-from pipelines.evaluate.kernel_profile import kind_of, profile_step
+from pipelines.evaluate.kernel_profile import kind_of, products, profile_step
 from pipelines.runtime.step import synthetic_batch
 
 
@@ -30,8 +32,8 @@ def test_every_call_is_timed_and_the_updates_are_found(tmp_path, params, host_pr
     batches = synthetic_batch(built.signature, 0, 3)
     calls, instrumented, plain = profile_step(tmp_path, full.initial, batches, host_profile, 3)
     assert len(instrumented) == len(plain) == 3
-    assert all(seconds > 0 for _, seconds in calls)  # the native runner checked that each
-    symbols = [s for s, _ in calls]                    # step made the same calls
+    assert all(seconds > 0 for _, seconds, _ in calls)  # the native runner checked that each
+    symbols = [s for s, _, _ in calls]                    # step made the same calls
     assert sum("nll_loss" in s for s in symbols) >= 1
     assert any(s.startswith("vm.builtin.") for s in symbols)
     updates = set(built.built["update_kernels"])
@@ -45,6 +47,22 @@ def test_every_call_is_timed_and_the_updates_are_found(tmp_path, params, host_pr
     # generated or on OpenBLAS as measured), its update a kernel after it.
     assert any("gemm" in s for s in symbols[loss_at + 1:])
     assert before and all("multiply" in s and "subtract" in s for s in before)
+
+    # Each product's FLOPs, read by the runner from its operands, are 2 m n k of the GEMM
+    # kernel the build made for it (each called once a step: the classifier's forward, its
+    # input and weight gradients), and no other call has any.
+    def flops(kernel: dict) -> int:
+        (a, _, c), trans = kernel["shapes"], kernel["transposed"]
+        depth = a[-2] if trans[0] == "t" else a[-1]
+        return 2 * math.prod(c) * depth
+
+    kernels = built.built["backends"]["kernels"]
+    assert len(kernels) == 3
+    assert sorted(f for _, _, f in calls if f) == sorted(flops(k) for k in kernels.values())
+    assert all(kind_of(s) == "matmul" for s, _, f in calls if f)
+    found = products(calls)
+    assert found["calls_per_step"] == 3 and found["gflop_per_s"] > 0
+    assert sum(f["calls_per_step"] for f in found["functions"].values()) == 3
 
 
 def test_the_seeded_batch_is_no_padding():

@@ -16,7 +16,7 @@ from pipelines.layout import OPENBLAS_LIB
 from pipelines.report.first_step import first_step_table
 from pipelines.report.plots import gpu_rows, gpu_svg, peer_rows
 from pipelines.report.render import (case_table, device_table, gpu_tables, openblas_lines,
-                                     peer_table)
+                                     peer_table, product_lines)
 
 
 def _timed(ms: float) -> dict:
@@ -241,3 +241,26 @@ def test_a_run_says_which_openblas_kernels_its_products_ran(tmp_path):
         "(sgemm peak 247 GFLOP/s); m_paper: SkylakeX, OpenBLAS's choice for this CPU "
         "(sgemm peak 442 GFLOP/s).", ""]
     assert openblas_lines(["m_lora"], found) == []
+
+
+def test_the_profile_reads_the_products_gflops_against_the_sgemm_peak():
+    from pipelines.evaluate.kernel_profile import products
+
+    # (symbol, seconds, FLOPs) per call, as the native runner gives them
+    calls = [("pockengine_sgemm_nt_bf16", 0.002, 1e9), ("fused_add", 0.001, 0),
+             ("pockengine_sgemm_nt_bf16", 0.002, 1e9), ("pockengine_sgemm_tn", 0.001, 0.2e9)]
+    found = products(calls)
+    assert found["calls_per_step"] == 3 and found["gflop_per_step"] == pytest.approx(2.2)
+    assert found["gflop_per_s"] == pytest.approx(2.2 / 0.005)
+    assert found["functions"]["pockengine_sgemm_nt_bf16"]["gflop_per_s"] == pytest.approx(500)
+    found.update(sgemm_peak_gflop_per_s=400.0, sgemm_peak_before_after=[400.0, 371.2],
+                 openblas={"core": "SkylakeX", "forced": None})
+    lines = product_lines(found)
+    assert lines[0] == ("Its matrix products: 3 calls a step, 2.20 GFLOP in 5.00 ms, 440 GFLOP/s "
+                        "(110% of the peak), against the sgemm peak of 400 GFLOP/s on the host's "
+                        "cores (the higher of 400 before the profile and 371 after); OpenBLAS's "
+                        "SkylakeX kernels:")
+    assert "| `pockengine_sgemm_tn` | 1 | 0.20 | 1.00 | 200 GFLOP/s (50% of the peak) |" in lines
+    assert product_lines(products([("fused_add", 0.001, 0)])) == []
+    assert product_lines(None) == []  # a profile written before products were counted
+

@@ -23,11 +23,22 @@ from pipelines.phases import Build
 from pipelines.runtime.agreement import adam_first_moments, compare
 
 
+def reference_outputs(build, initial: dict, batch: tuple) -> dict[str, np.ndarray]:
+    """The outputs of one step of the build in ``build`` from ``initial`` on ``batch`` (the
+    loss, then each new state tensor), by output name: what another build of the same step
+    must give on the same arguments (phases.Reference, reference@<case>)."""
+    from pipelines.runtime.step import CompiledStep
+
+    step = CompiledStep(build, initial)
+    outputs = step.function(*step.arguments(*batch))
+    return {name: value.numpy() for name, value in zip(step.signature["outputs"], outputs)}
+
+
 def run_on_device(device: str, profile, build: Path, initial: dict, batch: tuple,
                   reference: list[np.ndarray], warmup: int, steps: int, model=None,
                   optimizer=None) -> dict:
     """What ran where, checked against the host build's outputs ``reference`` on the same
-    arguments (profile@: the loss, then every updated tensor); see the module docstring. In a
+    arguments (reference@: the loss, then every updated tensor); see the module docstring. In a
     container whose profile names PyTorch peers, they train ``model`` with ``optimizer`` (the
     case's) after it (container_peers.py)."""
     built = Build.load(build)

@@ -15,7 +15,10 @@ phase by its place in the step and its role:
 and in a kind by the operator its kernel name starts with (conv2d, its transpose, matmul,
 batch norm, reductions, elementwise, VM builtins).
 The result: per phase and per kind, ms per step and share; the top kernels; the instrumented
-step against the plain one (what the instrument itself costs).
+step against the plain one (what the instrument itself costs); and the step's matrix products
+(``products``): their FLOPs a step (the runner reads each call's from its operands' shapes),
+their time and GFLOP/s, in all and per function (a bfloat16 weight's products are other
+functions than float32 ones), which profile@ reads against the sgemm peak it measures beside.
 """
 from __future__ import annotations
 
@@ -28,7 +31,6 @@ import numpy as np
 
 from pipelines.phases import Build
 from pipelines.runtime.native import build_runner, run_native, save_data, step_directory
-from pipelines.runtime.step import CompiledStep
 
 TOP = 15
 # kernel name -> kind: the first pattern found in the name decides (a fused kernel is named
@@ -48,9 +50,10 @@ def kind_of(symbol: str) -> str:
 
 
 def profile_step(build, initial: dict, batches: tuple, profile,
-                 steps: int) -> tuple[list[tuple[str, float]], list[float], list[float]]:
+                 steps: int) -> tuple[list[tuple[str, float, float]], list[float], list[float]]:
     """One step's VM calls in order, (symbol, median seconds over the ``steps`` - 1 steps after
-    the first), and each step's time (ms), instrumented and plain: the step built in ``build``
+    the first, FLOPs: a matrix product's, else 0), and each step's time (ms), instrumented and
+    plain: the step built in ``build``
     run by the native runner for ``profile`` (the host's) from ``initial`` on ``batches`` (as
     many as ``steps``)."""
     with tempfile.TemporaryDirectory(prefix="pock-profile-") as tmp:
@@ -64,17 +67,8 @@ def profile_step(build, initial: dict, batches: tuple, profile,
             (work / name).mkdir()
             logs[name] = run_native(runner, step, work / "data", work / name, profile,
                                     args=("--steps", str(steps), *extra))
-    calls = [(symbol, seconds) for symbol, seconds in logs["profiled"]["calls"]]
+    calls = [(symbol, seconds, flops) for symbol, seconds, flops in logs["profiled"]["calls"]]
     return calls, logs["profiled"]["step_ms"], logs["plain"]["step_ms"]
-
-
-def reference_outputs(build, initial: dict, batch: tuple) -> dict[str, np.ndarray]:
-    """The outputs of one step of the build in ``build`` from ``initial`` on ``batch`` (the
-    loss, then each new state tensor), by output name: what another build of the same step
-    must give on the same arguments (phases.Reference; evaluate/device.py)."""
-    step = CompiledStep(build, initial)
-    outputs = step.function(*step.arguments(*batch))
-    return {name: value.numpy() for name, value in zip(step.signature["outputs"], outputs)}
 
 
 def kernel_profile(build, initial: dict, batches: tuple, profile, warmup: int,
@@ -87,8 +81,8 @@ def kernel_profile(build, initial: dict, batches: tuple, profile, warmup: int,
     updates, scheme = set(built.built["update_kernels"]), built.signature["scheme"]
     phases, kinds, kernels = defaultdict(float), defaultdict(float), defaultdict(float)
     counts = defaultdict(int)
-    loss_at = next(i for i, (s, _) in enumerate(calls) if "nll_loss" in s)
-    for index, (symbol, seconds) in enumerate(calls):
+    loss_at = next(i for i, (s, _, _) in enumerate(calls) if "nll_loss" in s)
+    for index, (symbol, seconds, _) in enumerate(calls):
         phase = "forward" if index <= loss_at else "update" if symbol in updates else "backward"
         phases[phase] += seconds
         kinds[kind_of(symbol)] += seconds
@@ -115,4 +109,21 @@ def kernel_profile(build, initial: dict, batches: tuple, profile, warmup: int,
                          "calls_per_step": counts[(symbol, phase)],
                          "ms_per_step": seconds * 1e3, "share": seconds / total}
                         for (symbol, phase), seconds in top],
+        "products": products(calls),
     }
+
+
+def _rate(calls: list[tuple[str, float, float]]) -> dict:
+    seconds, flops = sum(c[1] for c in calls), sum(c[2] for c in calls)
+    return {"calls_per_step": len(calls), "gflop_per_step": flops / 1e9,
+            "ms_per_step": seconds * 1e3, "gflop_per_s": flops / seconds / 1e9 if seconds else None}
+
+
+def products(calls: list[tuple[str, float, float]]) -> dict:
+    """The matrix products among ``calls`` (those with FLOPs): in all, and per function."""
+    timed = [call for call in calls if call[2] > 0]
+    by_function = defaultdict(list)
+    for call in timed:
+        by_function[call[0]].append(call)
+    return {**_rate(timed), "functions": {symbol: _rate(group) for symbol, group
+                                          in sorted(by_function.items(), key=lambda kv: kv[0])}}

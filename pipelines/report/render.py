@@ -22,7 +22,8 @@ def _x(value) -> str:
     return "" if value is None else f"{value:.2f}x"
 
 
-def load(metrics: Path, cases: dict, deploy: list, devices: list, packages: list) -> dict:
+def load(metrics: Path, cases: dict, deploy: list, devices: list, packages: list,
+         profiled: list) -> dict:
     """Every metrics file the report reads, by stage and name (absent ones are None)."""
     def get(stage: str, name: str):
         path = metrics / stage / f"{name}.json"
@@ -36,7 +37,7 @@ def load(metrics: Path, cases: dict, deploy: list, devices: list, packages: list
                   for d in ["host", *(devices if c in deploy else [])]},
         "benchmark": {f"{c}-{d}": get("benchmark", f"{c}-{d}") for c in deploy for d in devices},
         "package": {f"{c}-{d}": get("package", f"{c}-{d}") for c in deploy for d in packages},
-        "profile": {c: get("profile", c) for c in deploy},
+        "profile": {c: get("profile", c) for c in profiled},
         "curves": {c: (get("curves", f"{c}-loss"), get("curves", f"{c}-eval"))
                    for c in cases},
         "time": {phase: {key: get(f"time/{phase}", key) for key in
@@ -219,6 +220,38 @@ def kernel_profile(name: str, profile: dict) -> list[str]:
              "| kernel | phase | kind | calls/step | ms/step | share |", "|---|---|---|---|---|---|"]
     lines += [f"| `{r['kernel']}` | {r['phase']} | {r['kind']} | {r['calls_per_step']} | "
               f"{r['ms_per_step']:.3f} | {r['share']:.1%} |" for r in profile["top_kernels"]]
+    return lines + [""] + product_lines(profile.get("products"))
+
+
+def product_lines(products: dict | None) -> list[str]:
+    """The step's matrix products (profile@): their GFLOP/s, in all and per function, against
+    the sgemm peak measured beside them; nothing for a profile without them."""
+    if not products or not products["calls_per_step"]:
+        return []
+    peak = products.get("sgemm_peak_gflop_per_s")
+
+    def rate(r: dict) -> str:
+        of_peak = f" ({r['gflop_per_s'] / peak:.0%} of the peak)" if peak else ""
+        return f"{r['gflop_per_s']:.0f} GFLOP/s{of_peak}"
+
+    def measured(r: dict) -> str:
+        if "sgemm_peak_before_after" not in r:
+            return ""
+        before, after = r["sgemm_peak_before_after"]
+        return f" (the higher of {before:.0f} before the profile and {after:.0f} after)"
+
+    kernels = products.get("openblas")
+    blas = (f"; OpenBLAS's {kernels['core']} kernels" + (
+        f", forced by OPENBLAS_CORETYPE={kernels['forced']}" if kernels.get("forced") else "")
+        if kernels else "")
+    lines = [f"Its matrix products: {products['calls_per_step']} calls a step, "
+             f"{products['gflop_per_step']:.2f} GFLOP in {products['ms_per_step']:.2f} ms, "
+             f"{rate(products)}" + (f", against the sgemm peak of {peak:.0f} GFLOP/s on the "
+                                    f"host's cores{measured(products)}{blas}" if peak else "")
+             + ":", "", "| function | calls/step | GFLOP/step | ms/step | GFLOP/s |",
+             "|---|---|---|---|---|"]
+    lines += [f"| `{name}` | {r['calls_per_step']} | {r['gflop_per_step']:.2f} | "
+              f"{r['ms_per_step']:.2f} | {rate(r)} |" for name, r in products["functions"].items()]
     return lines + [""]
 
 
@@ -415,8 +448,9 @@ def render(found: dict, cases: dict, deploy: list) -> str:
         if found["curves"][name][0]:
             lines += [f"![{name}: fine-tuning loss and accuracy, compiled vs PyTorch]"
                       f"(plots/finetune-{name}.svg)", ""]
-        if found["profile"].get(name):
-            lines += kernel_profile(name, found["profile"][name])
+    for name, profile in found["profile"].items():
+        if profile:
+            lines += kernel_profile(name, profile)
     for name, report in found["prune"].items():
         if report and report.get("search"):
             lines += search_table(name, report["search"])

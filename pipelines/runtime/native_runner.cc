@@ -17,7 +17,8 @@
 // log.json (losses, batch order, step times, peak resident memory; on a GPU the device memory
 // the run held above its start). With --profile, every call the VM makes (each kernel and each of
 // its own builtins) is timed here in C++, and log.json's "calls" lists one step's calls in
-// order, each with its median seconds over the steps after the first.
+// order, each with its median seconds over the steps after the first and, for a matrix
+// product, its floating-point operations.
 //
 // Exit codes: 0 done; 2 bad input (the message names the file, the tensor and what is allowed);
 // 3 a step's loss or new state is not finite (OUT keeps the state of the last finished epoch);
@@ -359,6 +360,18 @@ struct Args {
   bool profile = false;
 };
 
+// The floating-point operations of a call to a matrix product (a generated ``gemm_<XY>``
+// kernel or the shims' ``pockengine_sgemm_<XY>...`` and ``pockengine_cublas_sgemm_<XY>...``:
+// its symbol holds "gemm"), read from its operands, c = op(a) @ op(b) over equal leading axes,
+// a first and c last (kernels/gemm.py): a holds batch x m x k elements whichever way it is
+// read, so the product's 2 x batch x m x n x k is 2 x |a| x (c's last axis). 0 for any other call.
+double product_flops(const std::string& symbol, ffi::PackedArgs args) {
+  if (symbol.find("gemm") == std::string::npos || args.size() < 7) return 0;  // 4 + a, b, c
+  auto a = args[4].as<ffi::Tensor>(), c = args[args.size() - 1].as<ffi::Tensor>();
+  if (!a || !c || c->ndim() == 0) return 0;
+  return 2.0 * static_cast<double>(a->numel()) * static_cast<double>(c->size(c->ndim() - 1));
+}
+
 // Each VM call of a step timed, through the VM's instrument (called before and after each
 // call): a C++ callback, so the timing costs tens of nanoseconds, not a Python call's
 // microseconds. A step's calls are the same every step (the VM program has no branches); each
@@ -377,12 +390,12 @@ class CallProfile {
         started_ = now;
       } else if (counted_) {
         double seconds = std::chrono::duration<double>(now - started_).count();
-        ffi::String symbol = args[1].cast<ffi::String>();
-        if (position_ == calls_.size()) calls_.emplace_back(symbol, std::vector<double>());
-        else if (calls_[position_].first != symbol.c_str())
+        std::string symbol(args[1].cast<ffi::String>());
+        if (position_ == calls_.size()) calls_.push_back({symbol, product_flops(symbol, args), {}});
+        else if (calls_[position_].symbol != symbol)
           throw std::runtime_error("--profile: call " + std::to_string(position_ + 1) + " was " +
-                                   calls_[position_].first + ", now " + std::string(symbol));
-        calls_[position_++].second.push_back(seconds);
+                                   calls_[position_].symbol + ", now " + symbol);
+        calls_[position_++].seconds.push_back(seconds);
       }
       *rv = 0;  // go on as usual
     });
@@ -391,16 +404,21 @@ class CallProfile {
     std::ostringstream text;
     text << "[";
     for (size_t i = 0; i < calls_.size(); ++i) {
-      auto& times = calls_[i].second;
+      auto& times = calls_[i].seconds;
       std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-      text << (i ? ",\n  " : "") << "[\"" << calls_[i].first << "\", "
-           << times[times.size() / 2] << "]";
+      text << (i ? ",\n  " : "") << "[\"" << calls_[i].symbol << "\", "
+           << times[times.size() / 2] << ", " << calls_[i].flops << "]";
     }
     return text.str() + "]";
   }
 
  private:
-  std::vector<std::pair<std::string, std::vector<double>>> calls_;
+  struct Call {
+    std::string symbol;
+    double flops;
+    std::vector<double> seconds;
+  };
+  std::vector<Call> calls_;
   std::chrono::steady_clock::time_point started_;
   size_t position_ = 0;
   bool counted_ = false;
