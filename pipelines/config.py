@@ -296,7 +296,8 @@ def _explain(error: ValidationError, source: Path) -> ConfigError:
         loc = [str(part) for i, part in enumerate(parts) if not _union_tag(parts[:i], part)]
         key = ".".join(loc) or "(top level)"
         origin = (_ORIGINS[loc[0]].format(loc[1]) if loc and loc[0] in _ORIGINS and len(loc) > 1
-                  else "conf/experiment" if loc and loc[0] in ("cases", "deploy", "profile", "devices")
+                  else "conf/experiment"
+                  if loc and loc[0] in ("cases", "deploy", "profile", "devices")
                   else "conf/config.yaml")
         message = item["msg"].removeprefix("Value error, ")
         value = item.get("input")

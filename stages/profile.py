@@ -3,8 +3,8 @@ runner: where its time goes, every VM call timed, by phase (forward, backward, u
 kind (pipelines/evaluate/kernel_profile.py); and its matrix products' GFLOP/s against the sgemm
 peak on the host's cores (the measured ceiling they are read against, as evaluate@ reads the
 whole step), with the OpenBLAS kernels they ran. The peak is measured before the profile and
-after it, and the higher of the two is the yardstick: on a shared machine it moved from 371 to
-476 GFLOP/s within minutes, and a low one would flatter the products.
+after it, and the higher of the two is the yardstick: on a shared machine it moves by a
+quarter within minutes (docs/llm.md), and a low one would flatter the products.
 
 Output: artifacts/metrics/profile/<case>.json (the report's "Where the time goes").
 """
@@ -23,8 +23,8 @@ from pipelines.stage import run_stage
 
 
 def main(name: str) -> None:
-    inputs, build, host = case_inputs(name, "measure"), device_dir(name, HOST, "build"), \
-        resolved_profile(HOST)
+    inputs, build = case_inputs(name, "measure"), device_dir(name, HOST, "build")
+    host = resolved_profile(HOST)
     initial = TrainingStep.load_initial(case_dir(name, "autodiff"))
     warmup, steps = inputs.benchmark.warmup, inputs.benchmark.steps
     batches = synthetic_batch(Build.load(build).signature, inputs.seed, warmup + steps)
