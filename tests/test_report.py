@@ -259,7 +259,7 @@ def test_the_profile_reads_the_products_gflops_against_the_sgemm_peak():
     assert lines[0] == ("Its matrix products: 3 calls a step, 2.20 GFLOP in 5.00 ms, 440 GFLOP/s "
                         "(110% of the peak), against the sgemm peak of 400 GFLOP/s on the host's "
                         "cores (the higher of 400 before the profile and 371 after); OpenBLAS's "
-                        "SkylakeX kernels:")
+                        "kernels: SkylakeX, OpenBLAS's choice for this CPU:")
     assert "| `pockengine_sgemm_tn` | 1 | 0.20 | 1.00 | 200 GFLOP/s (50% of the peak) |" in lines
     assert product_lines(products([("fused_add", 0.001, 0)])) == []
     assert product_lines(None) == []  # a profile written before products were counted

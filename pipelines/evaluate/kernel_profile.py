@@ -113,6 +113,25 @@ def kernel_profile(build, initial: dict, batches: tuple, profile, warmup: int,
     }
 
 
+def profile_against_peak(build, initial: dict, batches: tuple, profile, warmup: int,
+                         steps: int) -> dict:
+    """``kernel_profile``, its products read against the sgemm peak on the profile's cores,
+    measured before and after it: the higher is the yardstick (the peak moves on a shared
+    machine, and a low one would flatter the products); with the OpenBLAS kernels they ran."""
+    from pipelines.evaluate.speed import in_fresh_process, openblas_kernels, sgemm_peak
+
+    before = in_fresh_process(sgemm_peak, profile.cores)
+    result = kernel_profile(build, initial, batches, profile, warmup, steps)
+    after = in_fresh_process(sgemm_peak, profile.cores)
+    products, peak = result["products"], max(before, after)
+    products.update(sgemm_peak_gflop_per_s=peak, sgemm_peak_before_after=[before, after],
+                    fraction_of_sgemm_peak=(products["gflop_per_s"] / peak
+                                            if products["gflop_per_s"] else None))
+    if openblas := in_fresh_process(openblas_kernels, build):
+        products["openblas"] = openblas
+    return result
+
+
 def _rate(calls: list[tuple[str, float, float]]) -> dict:
     seconds, flops = sum(c[1] for c in calls), sum(c[2] for c in calls)
     return {"calls_per_step": len(calls), "gflop_per_step": flops / 1e9,

@@ -108,6 +108,12 @@ def case_table(model: str, names: list[str], cases: dict, found: dict) -> list[s
                     *openblas_lines(names, found)]
 
 
+def _kernels(blas: dict) -> str:
+    """"SkylakeX, OpenBLAS's choice for this CPU" or "Haswell, forced by OPENBLAS_CORETYPE=..."."""
+    return blas["core"] + (f", forced by OPENBLAS_CORETYPE={blas['forced']}" if blas["forced"]
+                           else ", OpenBLAS's choice for this CPU")
+
+
 def openblas_lines(names: list[str], found: dict) -> list[str]:
     """Which OpenBLAS kernels each case's products ran, beside the run's sgemm peak: the
     same code is up to twice as fast on a CPU's own kernels as on an older core's, which some
@@ -116,9 +122,7 @@ def openblas_lines(names: list[str], found: dict) -> list[str]:
     for name in names:
         speed = (found["evaluate"][name] or {}).get("speed") or {}
         if blas := speed.get("openblas"):
-            forced = (f", forced by OPENBLAS_CORETYPE={blas['forced']}" if blas["forced"]
-                      else ", OpenBLAS's choice for this CPU")
-            runs.append(f"{name}: {blas['core']}{forced} "
+            runs.append(f"{name}: {_kernels(blas)} "
                         f"(sgemm peak {speed['sgemm_peak_gflop_per_s']:.0f} GFLOP/s)")
     return ["OpenBLAS's kernels in each run: " + "; ".join(runs) + ".", ""] if runs else []
 
@@ -241,9 +245,7 @@ def product_lines(products: dict | None) -> list[str]:
         return f" (the higher of {before:.0f} before the profile and {after:.0f} after)"
 
     kernels = products.get("openblas")
-    blas = (f"; OpenBLAS's {kernels['core']} kernels" + (
-        f", forced by OPENBLAS_CORETYPE={kernels['forced']}" if kernels.get("forced") else "")
-        if kernels else "")
+    blas = f"; OpenBLAS's kernels: {_kernels(kernels)}" if kernels else ""
     lines = [f"Its matrix products: {products['calls_per_step']} calls a step, "
              f"{products['gflop_per_step']:.2f} GFLOP in {products['ms_per_step']:.2f} ms, "
              f"{rate(products)}" + (f", against the sgemm peak of {peak:.0f} GFLOP/s on the "
