@@ -98,6 +98,8 @@ def test_repro_builds_everything_then_nothing_then_only_dependants(tmp_path):
                  "report.md"]:
         assert (art / path).is_file(), path
     assert reads.read_text() and undeclared_reads(repo, reads) == []
+    # each output is a link to its one copy in DVC's cache (.dvc/config), not a second copy
+    assert (art / "models/model/lower/model.relax.py").stat().st_nlink == 2
     evaluated = json.loads((art / "metrics/evaluate/model.json").read_text())
     assert evaluated["finetune"]["accuracy_compiled"] > evaluated["finetune"]["accuracy_before"]
 
