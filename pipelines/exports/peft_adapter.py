@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from pipelines.models.torch_lora import SUFFIXES, adapted_modules
+from pipelines.models.torch_lora import SUFFIXES, adapted_modules, import_peft
 
 TASK_TYPES = {"causal_lm": "CAUSAL_LM", "classification": "SEQ_CLS"}
 
@@ -26,16 +26,15 @@ def save_adapter(base: torch.nn.Module, weights: dict[str, torch.Tensor], rank: 
     for ``base`` (the plain transformers model, which this wraps in place) in ``directory``:
     adapters of ``rank`` scaled by ``alpha`` / rank; ``trained`` what the step trains,
     ``base_name`` what the config records as the base model."""
-    from peft import LoraConfig, get_peft_model
-
+    peft = import_peft()
     modules = adapted_modules(weights)
     others = sorted({name.rpartition(".")[0] for name in trained
                      if not name.endswith(SUFFIXES)})
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
-                        target_modules=modules, modules_to_save=others or None, bias="none",
-                        task_type=TASK_TYPES.get(task), base_model_name_or_path=base_name)
+    config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
+                             target_modules=modules, modules_to_save=others or None, bias="none",
+                             task_type=TASK_TYPES.get(task), base_model_name_or_path=base_name)
     base.name_or_path = base_name  # else PEFT records where this machine found it
-    wrapped = get_peft_model(base, config)
+    wrapped = peft.get_peft_model(base, config)
     values = {}
     for module in modules:
         for ours, theirs in zip(SUFFIXES, ("lora_A", "lora_B")):

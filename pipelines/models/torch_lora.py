@@ -69,3 +69,21 @@ def adapter_state(state: dict, trained=()) -> dict:
     fine-tuned model adds to the one it started from."""
     keep = {n for n in state if n.endswith(SUFFIXES)} | set(trained)
     return {k: v.clone() for k, v in state.items() if k in keep}
+
+
+def import_peft():
+    """The ``peft`` package, imported quietly: peft imports torchao where it is installed
+    (executorch needs it), which logs a warning for each CUDA kernel library a CPU-only torch
+    cannot load, and torch one for each of torchao's enums. They say nothing about this run."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        import peft
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+    return peft

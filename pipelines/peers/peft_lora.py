@@ -17,21 +17,21 @@ def peft_model(model_section, signature, initial):
     a device's container (evaluate/container_peers.py). PEFT draws the adapters' A matrices
     from a fixed seed, so the same case gives the same model each time."""
     import torch
-    from peft import LoraConfig, get_peft_model
 
     from pipelines.frontends.twin import torch_twin
-    from pipelines.models.torch_lora import adapted_modules
+    from pipelines.models.torch_lora import adapted_modules, import_peft
 
     lora = signature.get("lora")
     if lora is None:
         raise ValueError("the peft_lora peer times LoRA cases only (a scheme with lora:)")
     names = signature["source_names"].values()
     model = torch_twin(model_section, signature, initial, adapters=False)
-    config = LoraConfig(r=lora["rank"], lora_alpha=lora["scale"] * lora["rank"],
-                        target_modules=adapted_modules(names), lora_dropout=0.0, bias="none")
+    peft = import_peft()
+    config = peft.LoraConfig(r=lora["rank"], lora_alpha=lora["scale"] * lora["rank"],
+                             target_modules=adapted_modules(names), lora_dropout=0.0, bias="none")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = get_peft_model(model, config)
+        model = peft.get_peft_model(model, config)
     return model, [n for n, p in model.named_parameters() if p.requires_grad]
 
 
