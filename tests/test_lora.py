@@ -8,13 +8,16 @@ adapted model (three chained steps: loss within 1e-5 relative, updated tensors w
 1e-4, atol 1e-6, frozen ones bit-identical; tests/chained_steps.py); fresh adapters change
 nothing (the step's first loss is the plain model's, within 1e-5). Exports: merged weights give
 the adapted model's outputs without adapters (atol 1e-5); separate ones reload to the same
-model (exactly).
+model (exactly). PEFT is imported without torchao's load failures in the log.
 """
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 from chained_steps import chained_steps_match
-from conftest import compose_params
+from conftest import ROOT, compose_params
 
 from pipelines.config import SGD, LoRA
 from pipelines.evaluate.finetune import lora_export
@@ -209,3 +212,17 @@ def test_a_pattern_no_linear_layer_matches_is_named(llama_lowered):
     with pytest.raises(ConfigError, match=r"lora\.modules: module pattern 're:\(' is not a "
                                           r"valid regular expression"):
         adapt(llama_lowered, LoRA(rank=2, modules=["re:("]), 0)
+
+
+def test_peft_is_imported_without_torchaos_load_failures():
+    """Where torchao (under peft, installed by executorch) warns of kernel libraries this torch
+    cannot load, import_peft keeps them out of the stage's log. Each import in a process of its
+    own: this one may have imported peft already."""
+    def log_of(code):
+        return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stderr
+
+    if "Failed to load" not in log_of("import peft"):
+        pytest.skip("importing peft logs no load failures here (torchao absent, or it loads)")
+    assert "Failed to load" not in log_of(
+        "from pipelines.models.torch_lora import import_peft; import_peft()")
