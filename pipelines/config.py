@@ -220,44 +220,51 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _references(self):
-        def named(what: str, names) -> None:
+        for what, names in (("cases", self.cases), ("models", self.models),
+                            ("devices", self.devices)):
             for name in names:
                 if not NAME.match(name):
-                    raise ValueError(f"{what} name {name!r}: allowed: letters, digits and _, "
-                                     "starting with a letter")
-
-        named("case", self.cases)
-        named("model", self.models)
-        named("device", self.devices)
+                    raise Misreference(what, name, "not a name; allowed: letters, digits and "
+                                       "_, starting with a letter")
         for name, case in self.cases.items():
             for key, table in (("model", self.models), ("scheme", self.schemes),
                                ("optimizer", self.optimizers)):
                 if getattr(case, key) not in table:
-                    raise ValueError(f"cases.{name}.{key}={getattr(case, key)!r}; allowed: "
-                                     f"{sorted(table)}")
+                    raise Misreference(f"cases.{name}.{key}", getattr(case, key),
+                                       f"no such {key}; allowed: {sorted(table)}")
             model = self.models[case.model]
             if "finetune" in case.evaluate and (model.finetune is None or model.data is None
                                                 or not KINDS[model.data.kind].TASKS):
-                raise ValueError(f"cases.{name}.evaluate has finetune, but model {case.model!r} "
-                                 "has no fine-tuning task (finetune: and data with a test split)")
+                raise Misreference(f"cases.{name}.evaluate", case.evaluate, f"has finetune, but "
+                                   f"model {case.model!r} has no fine-tuning task (finetune: "
+                                   "and data with a test split)")
             tasks = KINDS[model.data.kind].TASKS if model.data else ()
             if "finetune" in case.evaluate and model.task not in tasks:
-                raise ValueError(f"cases.{name}.evaluate has finetune, but model {case.model!r} "
-                                 f"has task {model.task!r} and its data (kind "
-                                 f"{model.data.kind!r}) labels for {list(tasks)}")
+                raise Misreference(f"cases.{name}.evaluate", case.evaluate, f"has finetune, but "
+                                   f"model {case.model!r} has task {model.task!r} and its data "
+                                   f"(kind {model.data.kind!r}) labels for {list(tasks)}")
         for key in ("deploy", "profile"):
             for name in getattr(self, key):
                 if name not in self.cases:
-                    raise ValueError(f"{key} names {name!r}; allowed: {sorted(self.cases)}")
+                    raise Misreference(key, name, f"no such case; allowed: {sorted(self.cases)}")
         if HOST in self.devices:
-            raise ValueError(f"devices lists {HOST!r}: every case is built for the host already; "
-                             "devices are the others the deploy cases are built for")
+            raise Misreference("devices", HOST, "every case is built for the host already; "
+                               "devices are the others the deploy cases are built for")
         for device in self.package.devices:
             if device != HOST and device not in self.devices:
-                raise ValueError(f"package.devices has {device!r}, which is not built (not in "
-                                 f"devices); allowed: {[HOST, *self.devices]} (override "
-                                 f"package.devices with devices)")
+                raise Misreference("package.devices", device, "not built (not in devices); "
+                                   f"allowed: {[HOST, *self.devices]} (override "
+                                   "package.devices with devices)")
         return self
+
+
+class Misreference(ValueError):
+    """A value naming what params.yaml does not hold: raised where the whole file is checked,
+    so it carries its own key (pydantic locates it at the top level)."""
+
+    def __init__(self, key: str, value, reason: str):
+        super().__init__(f"{key}={value!r}: {reason}")
+        self.key, self.value, self.reason = key, value, reason
 
 
 def case_optimizer(params: Params, case: Case):
@@ -292,7 +299,8 @@ def _union_tag(held_by: list, part) -> bool:
 def _explain(error: ValidationError, source: Path) -> ConfigError:
     lines = []
     for item in error.errors():
-        parts = list(item["loc"])
+        cause = item.get("ctx", {}).get("error")
+        parts = cause.key.split(".") if isinstance(cause, Misreference) else list(item["loc"])
         loc = [str(part) for i, part in enumerate(parts) if not _union_tag(parts[:i], part)]
         key = ".".join(loc) or "(top level)"
         origin = (_ORIGINS[loc[0]].format(loc[1]) if loc and loc[0] in _ORIGINS and len(loc) > 1
@@ -301,6 +309,8 @@ def _explain(error: ValidationError, source: Path) -> ConfigError:
                   else "conf/config.yaml")
         message = item["msg"].removeprefix("Value error, ")
         value = item.get("input")
+        if isinstance(cause, Misreference):
+            message, value = cause.reason, cause.value
         shown = f"={value!r}" if not isinstance(value, dict) and item["type"] != "missing" else ""
         lines.append(f"{source.name}: {key}{shown} (from {origin}): {message}")
     return ConfigError("\n".join(lines))

@@ -48,13 +48,13 @@ def test_the_ci_lane_is_a_subset_of_the_default_pipeline():
 @pytest.mark.parametrize("override, message", [
     ("+cases.mbv2.colour=red", "cases.mbv2 (from conf/experiment): unknown keys ['colour']; allowed: ['evaluate'"),
     ("models.mbv2.batch_size=eight", "models.mbv2.batch_size='eight' (from conf/model/mbv2.yaml)"),
-    ("cases.mbv2.scheme=mbv2_papr", "cases.mbv2.scheme='mbv2_papr'; allowed: ['bias_only'"),
+    ("cases.mbv2.scheme=mbv2_papr", "cases.mbv2.scheme='mbv2_papr' (from conf/experiment): no such scheme; allowed: ['bias_only'"),
     ("optimizers.sgd.lr=-1", "optimizers.sgd.lr=-1 (from conf/optimizer/sgd.yaml)"),
-    ("deploy=[mbv3]", "deploy names 'mbv3'; allowed: ['llama_full'"),
-    ("profile=[mbv3]", "profile names 'mbv3'; allowed: ['llama_full'"),
-    ("devices=[host]", "devices lists 'host'"),
+    ("deploy=[mbv3]", "deploy='mbv3' (from conf/experiment): no such case; allowed: ['llama_full'"),
+    ("profile=[mbv3]", "profile='mbv3' (from conf/experiment): no such case; allowed: ['llama_full'"),
+    ("devices=[host]", "devices='host' (from conf/experiment): every case is built for the host already"),
     ("devices=[rpi4,rpi9]", "'rpi9' has no profile; allowed: ['android_sd8g2'"),
-    ("devices=[edge_x86]", "package.devices has 'rpi4', which is not built (not in devices); "
+    ("devices=[edge_x86]", "package.devices='rpi4' (from conf/config.yaml): not built (not in devices); "
                            "allowed: ['host', 'edge_x86']"),
     ("sparse@schemes.mbv2_paper=mbv2_papr", "Could not find 'sparse/mbv2_papr'"),
 ])
@@ -65,7 +65,8 @@ def test_bad_config_is_refused_at_compose_naming_key_and_allowed(override, messa
 
 
 def test_a_case_name_that_cannot_be_a_stage_name_is_refused():
-    with pytest.raises(ConfigError, match="case name 'my-case': allowed: letters, digits and _"):
+    with pytest.raises(ConfigError, match=r"cases='my-case' \(from conf/experiment\): not a "
+                                          "name; allowed: letters, digits and _"):
         compose_text(["+cases.my-case={model: mbv2, scheme: full, optimizer: sgd}"])
 
 

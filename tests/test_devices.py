@@ -130,7 +130,8 @@ def test_unknown_device_and_host_in_devices_refused_at_compose():
     with pytest.raises(ConfigError, match=r"'rpi9' has no profile; allowed: \['android_sd8g2'"):
         compose_text(["devices=[rpi4,rpi9]"])
     # every case is built for the host: devices are the others
-    with pytest.raises(ConfigError, match="devices lists 'host'"):
+    with pytest.raises(ConfigError, match=r"devices='host' \(from conf/experiment\): every "
+                                          "case is built for the host"):
         compose_text(["devices=[host,rpi4]"])
 
 

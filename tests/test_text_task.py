@@ -51,14 +51,14 @@ def test_tokens_are_the_models_vocabulary_with_cls_sep_and_padding():
 
 @pytest.mark.parametrize("override, message", [
     ("cases.minilm_lora.model=llama_tiny",
-     "cases.minilm_lora.evaluate has finetune, but model 'llama_tiny' has no fine-tuning task"),
+     "(from conf/experiment): has finetune, but model 'llama_tiny' has no fine-tuning task"),
     ("models.minilm.task=regression",
-     "cases.minilm_full.evaluate has finetune, but model 'minilm' has task 'regression' and its "
+     "(from conf/experiment): has finetune, but model 'minilm' has task 'regression' and its "
      "data (kind 'docstrings') labels for ['classification']"),
     ("models.minilm.task=translation", "models.minilm.task='translation'"),
-    ("cases.minilm_lora.model=bert", "cases.minilm_lora.model='bert'; allowed: "),
-    ("cases.minilm_lora.scheme=minilm_papr", "cases.minilm_lora.scheme='minilm_papr'; allowed: "),
-    ("cases.minilm_lora.optimizer=lion", "cases.minilm_lora.optimizer='lion'; allowed: "),
+    ("cases.minilm_lora.model=bert", "cases.minilm_lora.model='bert' (from conf/experiment): no such model; allowed: "),
+    ("cases.minilm_lora.scheme=minilm_papr", "cases.minilm_lora.scheme='minilm_papr' (from conf/experiment): no such scheme; allowed: "),
+    ("cases.minilm_lora.optimizer=lion", "cases.minilm_lora.optimizer='lion' (from conf/experiment): no such optimizer; allowed: "),
     ("models.minilm.finetune.epochs=0",
      ("models.minilm.finetune.epochs=0 (from conf/model/minilm.yaml): Input should be "
       "greater than 0")),
