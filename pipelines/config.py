@@ -303,9 +303,11 @@ def _explain(error: ValidationError, source: Path) -> ConfigError:
         parts = cause.key.split(".") if isinstance(cause, Misreference) else list(item["loc"])
         loc = [str(part) for i, part in enumerate(parts) if not _union_tag(parts[:i], part)]
         key = ".".join(loc) or "(top level)"
-        origin = (_ORIGINS[loc[0]].format(loc[1]) if loc and loc[0] in _ORIGINS and len(loc) > 1
-                  else "conf/experiment"
-                  if loc and loc[0] in ("cases", "deploy", "profile", "devices")
+        own = (_ORIGINS[loc[0]].format(loc[1]) if loc and loc[0] in _ORIGINS and len(loc) > 1
+               else None)
+        origin = (own if own and (ROOT / own).is_file()
+                  else "conf/experiment"  # a model or scheme the experiment defines
+                  if own or loc and loc[0] in ("cases", "deploy", "profile", "devices")
                   else "conf/config.yaml")
         message = item["msg"].removeprefix("Value error, ")
         value = item.get("input")

@@ -45,7 +45,9 @@ def _record_reads(log: Path) -> None:
     sys.addaudithook(hook)
 
 
-def run_stage(main, *args, phase: str | None = None) -> None:
+def run_stage(main, *args, phase: str | None = None, model: str | None = None) -> None:
+    """``main(*args)``, exiting as the module says; a stage of one ``model`` names it where
+    the library's messages say ``models.<name>``."""
     if os.environ.get("POCK_READS"):
         _record_reads(Path(os.environ["POCK_READS"]))
     try:
@@ -54,7 +56,10 @@ def run_stage(main, *args, phase: str | None = None) -> None:
             write_json_atomic(phase_time_path(phase, "-".join(args)),
                               {"seconds": round(process_seconds(), 2)})
     except (ConfigError, CorruptArtifact, BadBatch) as err:
-        print(f"error: {err}", file=sys.stderr)
+        message = str(err)
+        if model is not None:
+            message = message.replace("models.<name>", f"models.{model}")
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(EXIT_INPUT)
     except StepError as err:  # a step that went NaN: the state before it is kept
         print(f"error: {err}", file=sys.stderr)

@@ -8,13 +8,14 @@ and per epoch, compiled and PyTorch; empty without fine-tuning); artifacts/cases
 evaluate/: weights.safetensors (the fine-tuned weights, by the source's names),
 optimizer.safetensors (its state as torch.optim's: frontends/weights.py, load_optimizer_state),
 a LoRA scheme's export, and for a transformers model what its tools load (pipelines/exports):
-pretrained/ (from_pretrained, LoRA merged, the data's tokenizer beside it), a LoRA case's PEFT
+pretrained/ (from_pretrained, LoRA merged, the data's tokenizer beside it, its class names
+as id2label), a LoRA case's PEFT
 adapter/, a LLaMA or Qwen2 causal LM's model.gguf.
 """
 import shutil
 import sys
 
-from pipelines.data import FILE
+from pipelines.data import CLASSES, FILE
 from pipelines.data.tokenizer import DIRECTORY
 from pipelines.evaluate.case import evaluate_case, save_finetuned
 from pipelines.io import atomic_dir, load_arrays, read_json, write_json_atomic, write_manifest
@@ -38,8 +39,10 @@ def main(name: str) -> None:
     with atomic_dir(case_dir(name, "evaluate")) as tmp:
         if result.finetuned is not None:
             tokenizer = model_dir(inputs.model_name, "data") / DIRECTORY
+            classes = model_dir(inputs.model_name, "data") / CLASSES
             save_finetuned(result.finetuned, inputs.model, tmp,
-                           tokenizer if tokenizer.is_dir() else None)
+                           tokenizer if tokenizer.is_dir() else None,
+                           read_json(classes) if classes.exists() else None)
         write_manifest(tmp, f"evaluate@{name}", {"build": build,
                                                  "inputs": resolved_case(name, "evaluate")}, {})
     write_json_atomic(metrics_path("evaluate", name), result.metrics)

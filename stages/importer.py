@@ -23,4 +23,4 @@ def main(name: str) -> None:
 
 
 if __name__ == "__main__":
-    run_stage(main, sys.argv[1], phase="import")
+    run_stage(main, sys.argv[1], phase="import", model=sys.argv[1])

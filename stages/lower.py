@@ -26,4 +26,4 @@ def main(name: str) -> None:
 
 
 if __name__ == "__main__":
-    run_stage(main, sys.argv[1], phase="lower")
+    run_stage(main, sys.argv[1], phase="lower", model=sys.argv[1])

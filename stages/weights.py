@@ -32,4 +32,4 @@ def main(name: str) -> None:
 
 
 if __name__ == "__main__":
-    run_stage(main, sys.argv[1])
+    run_stage(main, sys.argv[1], model=sys.argv[1])

@@ -48,6 +48,8 @@ def test_the_ci_lane_is_a_subset_of_the_default_pipeline():
 @pytest.mark.parametrize("override, message", [
     ("+cases.mbv2.colour=red", "cases.mbv2 (from conf/experiment): unknown keys ['colour']; allowed: ['evaluate'"),
     ("models.mbv2.batch_size=eight", "models.mbv2.batch_size='eight' (from conf/model/mbv2.yaml)"),
+    ("experiment=finetune models.model.batch_size=x",  # a model the experiment defines
+     "models.model.batch_size='x' (from conf/experiment): Input should be a valid integer"),
     ("cases.mbv2.scheme=mbv2_papr", "cases.mbv2.scheme='mbv2_papr' (from conf/experiment): no such scheme; allowed: ['bias_only'"),
     ("optimizers.sgd.lr=-1", "optimizers.sgd.lr=-1 (from conf/optimizer/sgd.yaml)"),
     ("deploy=[mbv3]", "deploy='mbv3' (from conf/experiment): no such case; allowed: ['llama_full'"),
@@ -60,7 +62,7 @@ def test_the_ci_lane_is_a_subset_of_the_default_pipeline():
 ])
 def test_bad_config_is_refused_at_compose_naming_key_and_allowed(override, message):
     with pytest.raises(ConfigError) as err:
-        compose_text([override])
+        compose_text(override.split())
     assert message in str(err.value)
 
 

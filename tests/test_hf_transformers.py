@@ -391,6 +391,26 @@ def test_a_training_step_has_no_dropout_or_stochastic_depth(tmp_path):
     assert config(tmp_path / "emu3").text_config.attention_dropout == 0.0
 
 
+def test_num_labels_set_over_a_config_with_other_labels_replaces_them():
+    """config.num_labels on a directory whose id2label has another length: the head has that
+    many outputs, and transformers is not left to warn that the two disagree."""
+    import logging
+
+    from pipelines.frontends.transformers import config_of
+
+    assert len(transformers.AutoConfig.from_pretrained(f"{HF}/bert").id2label) != 3
+    warnings, handler = [], logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(handler)  # it does not propagate to root
+    try:
+        config = config_of(model_section(frontend="transformers", source=f"{HF}/bert",
+                                         batch_size=2, config={"num_labels": 3}))
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert config.num_labels == 3 and sorted(config.id2label) == [0, 1, 2]
+    assert not [w for w in warnings if "incompatible" in w]
+
+
 def test_transformers_keys_belong_to_the_transformers_frontend():
     """Each frontend's section has its own keys (pipelines/frontends: each Config)."""
     with pytest.raises(ValueError, match=r"unknown keys \['architecture'\]; allowed: \[.*'entry'"):
@@ -412,7 +432,7 @@ def test_bert_fine_tunes_on_text_data_with_its_inputs_bound_by_name(tmp_path, ho
     from pipelines.frontends.transformers import save_pretrained
 
     data_cfg = Sentences(kind="sentences", seq_len=SEQ, train_sentences=8, test_sentences=8)
-    model = hf_model("bert", data=data_cfg, config={"vocab_size": 30522})
+    model = hf_model("bert", data=data_cfg, config={"vocab_size": 30522, "num_labels": 2})
     data = make_data(data_cfg, 0).arrays
     assert (data["finetune_train_attention_mask"] == 0).any()  # padded sentences
     torch.manual_seed(0)
@@ -420,9 +440,12 @@ def test_bert_fine_tunes_on_text_data_with_its_inputs_bound_by_name(tmp_path, ho
     run = finetune(model, compiled.directory, compiled.initial, OPT, data, 1, 0)
     assert run.metrics["steps"] == 2
     assert run.metrics["max_abs_loss_difference"] < 1e-4 * run.losses[0]["pytorch"]
-    save_pretrained(model, run.plain_weights, tmp_path / "pretrained")
+    save_pretrained(model, run.plain_weights, tmp_path / "pretrained", ["negative", "positive"])
     loaded = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "pretrained")
     assert torch.equal(loaded.classifier.weight, run.weights["classifier.weight"])
+    # the data's class names, so that a pipeline's predictions are named
+    assert loaded.config.id2label == {0: "negative", 1: "positive"}
+    assert loaded.config.label2id == {"negative": 0, "positive": 1}
 
 
 def test_a_model_input_the_data_lacks_is_named():

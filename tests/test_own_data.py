@@ -160,6 +160,7 @@ def test_csv_rows_become_classes_and_images_are_normalised_as_the_model_says(roo
                      Source(vocabulary=512))
     arrays = made.arrays
     assert sorted(set(arrays["finetune_train_y"]) | set(arrays["finetune_test_y"])) == [0, 1, 2]
+    assert made.classes == ["1", "2", "3"]  # by label: the fine-tuned model's id2label
     assert len(arrays["finetune_train_y"]) == 16 and arrays["finetune_test_x"].shape == (4, 8)
     for name in ("cat", "dog"):
         (root / "data" / "pets" / name).mkdir(parents=True)
@@ -173,9 +174,15 @@ def test_csv_rows_become_classes_and_images_are_normalised_as_the_model_says(roo
     np.testing.assert_allclose(cat[:, 0, 0], [1.0, -1.0, -1.0])  # red, (x - 0.5) / 0.5
 
 
+CSV = {"kind": "csv_file", "files": "data/r.csv", "text_column": "review", "label_column": "y",
+       "seq_len": 8, "vocab_size": 300}
+
+
 @pytest.mark.parametrize("cfg,write,message", [
     (text_cfg(files="/etc"), None, "data.files='/etc': outside data/"),
-    (text_cfg(files="data/none"), None, "data.files='data/none': no files"),
+    (text_cfg(files="data/none"), None, "data.files='data/none': no such file or folder"),
+    (text_cfg(files="data/*.md"), None, "data.files='data/*.md': the glob matches no file"),
+    (text_cfg(files="data/one"), "empty", "data.files='data/one': no files in the folder"),
     (text_cfg(files="data/one"), "one", "a held-out split needs at least 2"),
     (text_cfg(files="data/bin"), "binary", "data/bin/b.txt (models.<name>.data.files): not UTF-8"),
     (text_cfg(vocab_size=100000), "text", "vocab_size=100000: a trained byte-level BPE takes"),
@@ -183,14 +190,30 @@ def test_csv_rows_become_classes_and_images_are_normalised_as_the_model_says(roo
     (chat_cfg(), "bad keys", "data/chat.jsonl:1: a record needs the keys ['text'] or "
                              "['prompt', 'completion'] or ['messages']"),
     (chat_cfg(), "bad role", "data/chat.jsonl:1: a message is {'role': one of"),
+    (chat_cfg(), '{"prompt": "Q", "completion": 5}',
+     "data/chat.jsonl:1: 'completion' is int 5; allowed: text (a JSON string)"),
+    (chat_cfg(), '{"text": 123}', "data/chat.jsonl:1: 'text' is int 123; allowed: text"),
+    (chat_cfg(), '{"messages": "hi"}', "data/chat.jsonl:1: 'messages' is str 'hi'; allowed: a "
+                                       "list of messages"),
     ({"kind": "csv_file", "files": "data/r.csv", "text_column": "text", "label_column": "y",
       "seq_len": 8, "vocab_size": 300}, "csv", "data/r.csv: no column 'text'"),
+    (CSV, "review,y\nok,1\nbad,\n", "data/r.csv:3: the column 'y' is empty; fill it or remove"),
+    (CSV, "review,y\nok,1\n,0\n", "data/r.csv:3: the column 'review' is empty"),
+    (CSV, "review,y\nok,1\nbad,0,2\n", "data/r.csv:3: 3 fields where the header has 2"),
+    (CSV, 'review,y\n"ok,1\nbad,0\n', "data/r.csv:2: not CSV (unexpected end of data, in the record"),
     ({"kind": "images", "files": "data/flat", "image_size": 4}, "flat",
      "images go in one sub-folder per class"),
 ])
 def test_bad_user_data_is_named(root, cfg, write, message):
     data = root / "data"
-    if write == "one":
+    if write == "empty":
+        (data / "one").mkdir()
+        (data / "one" / "a.bin").write_text("not a text kind's suffix")
+    elif write and write.startswith("{"):
+        (data / "chat.jsonl").write_text(write + "\n")
+    elif write and write.startswith("review,y"):
+        (data / "r.csv").write_text(write)
+    elif write == "one":
         (data / "one").mkdir()
         (data / "one" / "a.txt").write_text("alone")
     elif write == "binary":
@@ -214,6 +237,51 @@ def test_bad_user_data_is_named(root, cfg, write, message):
     with pytest.raises(ConfigError) as error:
         make_data(kind(cfg), 0, Source(vocabulary=512))
     assert message in str(error.value)
+
+
+def test_more_classes_than_the_head_scores_are_named_before_compiling(root, capsys):
+    from PIL import Image
+
+    (root / "data" / "r.csv").write_text("review,y\n" + "".join(f"t {i},{i % 3}\n"
+                                                                for i in range(9)))
+    for name in ("cat", "dog", "fox"):
+        (root / "data" / "pets" / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (4, 4)).save(root / "data" / "pets" / name / f"{i}.png")
+    head = Source(vocabulary=512, config={"image_size": 4}, classes=2,
+                  classes_key="config.num_labels")
+    with pytest.raises(ConfigError) as error:
+        make_data(kind(CSV), 0, head)
+    assert ("data.files='data/r.csv': the column 'y' holds 3 classes ['0', '1', '2']; the "
+            "model's head scores 2 (models.<name>.config.num_labels); set it to 3"
+            in str(error.value))
+    with pytest.raises(ConfigError, match=r"data/pets' \(a class per sub-folder\) holds 3 "):
+        make_data(kind({"kind": "images", "files": "data/pets"}), 0, head)
+    head.classes = 4  # fewer classes than outputs train, and say so
+    assert len(make_data(kind(CSV), 0, head).arrays["finetune_train_y"]) == 7
+    assert "3 classes; the model's head scores 4" in capsys.readouterr().out
+
+
+def test_a_file_linked_into_data_is_read_and_named_where_it_is_linked(root, tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "r.csv"
+    elsewhere.write_text("review,y\n" + "".join(f"t {i},{i % 2}\n" for i in range(6)))
+    (root / "data" / "r.csv").symlink_to(elsewhere)
+    made = make_data(kind(CSV), 0, Source(vocabulary=512))
+    from pipelines.data.files import relative
+    assert [relative(p) for p in made.files] == ["data/r.csv"]
+
+
+def test_a_model_stage_names_its_model_where_the_library_says_models_name(capsys):
+    from pipelines.stage import EXIT_INPUT, run_stage
+
+    def main(name):
+        raise ConfigError("models.<name>.data.files='data/x': no such file or folder")
+
+    with pytest.raises(SystemExit) as exited:
+        run_stage(main, "reviews", model="reviews")
+    assert exited.value.code == EXIT_INPUT
+    assert capsys.readouterr().err == ("error: models.reviews.data.files='data/x': no such "
+                                       "file or folder\n")
 
 
 def llama_lm(data: dict, **keys):

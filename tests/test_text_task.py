@@ -51,9 +51,11 @@ def test_tokens_are_the_models_vocabulary_with_cls_sep_and_padding():
 
 @pytest.mark.parametrize("override, message", [
     ("cases.minilm_lora.model=llama_tiny",
-     "(from conf/experiment): has finetune, but model 'llama_tiny' has no fine-tuning task"),
+     "cases.minilm_lora.evaluate=['speed', 'finetune'] (from conf/experiment): has finetune, "
+     "but model 'llama_tiny' has no fine-tuning task"),
     ("models.minilm.task=regression",
-     "(from conf/experiment): has finetune, but model 'minilm' has task 'regression' and its "
+     "cases.minilm_full.evaluate=['speed', 'finetune'] (from conf/experiment): has finetune, "
+     "but model 'minilm' has task 'regression' and its "
      "data (kind 'docstrings') labels for ['classification']"),
     ("models.minilm.task=translation", "models.minilm.task='translation'"),
     ("cases.minilm_lora.model=bert", "cases.minilm_lora.model='bert' (from conf/experiment): no such model; allowed: "),

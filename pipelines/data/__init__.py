@@ -28,28 +28,33 @@ from pipelines.schema import ConfigError
 class Source:
     """What a data kind may need of the model it feeds (frontends: data_source): the
     directory of its tokenizer and preprocessing settings, its vocabulary's size, its
-    config (image size, normalization)."""
+    config (image size, normalization), and the classes a classifier's head scores where
+    they are known before import (and the model's key that sets them)."""
 
     directory: Path | None = None
     vocabulary: int | None = None
     config: dict = field(default_factory=dict)
+    classes: int | None = None
+    classes_key: str = ""  # e.g. config.num_labels
 
 
 @dataclass
 class Dataset:
     """A data kind's result: its arrays; the tokenizer its text was read with (saved beside
     the arrays and the fine-tuned model); the user's files it read (the data stage records
-    their hashes)."""
+    their hashes); a classifier's class names by label (the fine-tuned model's id2label)."""
 
     arrays: dict[str, np.ndarray]
     tokenizer: object = None  # a data/tokenizer.py Tokenizer
     files: list[Path] = field(default_factory=list)
+    classes: list[str] | None = None
 
 
 KINDS = entries(__name__, ("digits", "sentences", "docstrings", "python_sources", "tokens",
                            "text", "jsonl", "csv_file", "images"), "kind")
 Data = tagged_union(KINDS, "kind")  # a model's data section
 FILE = "data.npz"
+CLASSES = "classes.json"  # beside it: Dataset.classes, where the kind names its classes
 
 
 def make_data(cfg, seed: int, source: Source | None = None) -> Dataset:

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from pipelines.data.files import held_out, read_text, relative, user_files
+from pipelines.data.files import fit_head, held_out, read_text, relative, user_files
 from pipelines.schema import ConfigError, Strict
 
 KEY = "models.<name>.data"
@@ -38,16 +38,37 @@ class Config(Strict):
 
 
 def rows_of(files, cfg: Config) -> list[tuple[str, str]]:
-    """(text, label) of every row of every file."""
+    """(text, label) of every row of every file; a ConfigError naming the file and line of a
+    row with too few or too many fields, an empty text or label, or an unclosed quote."""
     found = []
     for path in files:
-        reader = csv.DictReader(io.StringIO(read_text(path, f"{KEY}.files"), newline=""))
-        for column in (cfg.text_column, cfg.label_column):
-            if column not in (reader.fieldnames or []):
-                raise ConfigError(f"{relative(path)}: no column {column!r} ({KEY}."
-                                  f"{'text' if column == cfg.text_column else 'label'}"
-                                  f"_column); allowed: {reader.fieldnames}")
-        found += [(r[cfg.text_column], (r[cfg.label_column] or "").strip()) for r in reader]
+        reader = csv.reader(io.StringIO(read_text(path, f"{KEY}.files"), newline=""),
+                            strict=True)
+        start = 1  # where the record being read begins
+        try:
+            header = next(reader, [])
+            for column, key in ((cfg.text_column, "text"), (cfg.label_column, "label")):
+                if column not in header:
+                    raise ConfigError(f"{relative(path)}: no column {column!r} ({KEY}."
+                                      f"{key}_column); allowed: {header}")
+            text, label = header.index(cfg.text_column), header.index(cfg.label_column)
+            start = reader.line_num + 1
+            for fields in reader:
+                where, start = f"{relative(path)}:{start}", reader.line_num + 1
+                if not fields:  # a blank line
+                    continue
+                if len(fields) != len(header):
+                    raise ConfigError(f"{where}: {len(fields)} fields where the header has "
+                                      f"{len(header)}")
+                for index in (text, label):
+                    if not fields[index].strip():
+                        raise ConfigError(f"{where}: the column {header[index]!r} is empty; "
+                                          "fill it or remove the row")
+                found.append((fields[text], fields[label].strip()))
+        except csv.Error as err:
+            raise ConfigError(f"{relative(path)}:{start}: not CSV ({err}, in the record from "
+                              "this line); a field with a comma, quote or line break is quoted, "
+                              "a quote in it doubled") from err
     return found
 
 
@@ -69,6 +90,7 @@ def make(cfg: Config, seed: int, source):
     files = user_files(cfg.files, f"{KEY}.files", (".csv",))
     rows = rows_of(files, cfg)
     names = classes([label for _, label in rows], cfg)
+    fit_head(names, source, f"{KEY}.files={cfg.files!r}: the column {cfg.label_column!r}")
     train, test = held_out(len(rows), cfg.held_out, seed, "rows", f"{KEY}.files")
     tokenizer = tokenizer_for(source, (rows[i][0] for i in train), cfg.vocab_size, KEY)
     arrays = {}
@@ -80,4 +102,4 @@ def make(cfg: Config, seed: int, source):
                    f"{name}_token_type_ids": np.zeros_like(x),
                    f"{name}_y": np.array([names.index(rows[i][1]) for i in chosen], np.int64)}
     print(f"{KEY}: classes {names}", flush=True)
-    return Dataset(arrays, tokenizer, files)
+    return Dataset(arrays, tokenizer, files, names)

@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from pipelines.data.files import held_out, relative, user_files
+from pipelines.data.files import fit_head, held_out, relative, user_files
 from pipelines.schema import ConfigError, Strict
 
 KEY = "models.<name>.data"
@@ -78,6 +78,7 @@ def make(cfg: Config, seed: int, source):
     if len(names) < 2 or any(path.parent.parent != root for path in files):
         raise ConfigError(f"{KEY}.files={cfg.files!r}: images go in one sub-folder per class "
                           f"(<folder>/<class>/<image>); found classes {names}")
+    fit_head(names, source, f"{KEY}.files={cfg.files!r} (a class per sub-folder)")
     size, mean, std = preprocessing(cfg, source)
     chosen = {"finetune_train": [], "finetune_test": []}
     for label, name in enumerate(names):
@@ -92,4 +93,4 @@ def make(cfg: Config, seed: int, source):
         arrays |= {f"{split}_x": (x - mean) / std,
                    f"{split}_y": np.array([label for _, label in items], np.int64)}
     print(f"{KEY}: classes {names}", flush=True)
-    return Dataset(arrays, None, files)
+    return Dataset(arrays, None, files, names)

@@ -62,6 +62,15 @@ def records(files) -> list[tuple[dict, str]]:
             if not isinstance(record, dict) or not any(set(f) <= set(record) for f in FORMATS):
                 raise ConfigError(f"{where}: a record needs the keys "
                                   f"{' or '.join(str(list(f)) for f in FORMATS)}")
+            used = (("messages",) if "messages" in record else ("text",) if "text" in record
+                    else ("prompt", "completion"))  # what rendered reads
+            wrong = [k for k in used if not isinstance(record[k], list if k == "messages"
+                                                        else str)]
+            if wrong:
+                raise ConfigError(f"{where}: {wrong[0]!r} is "
+                                  f"{type(record[wrong[0]]).__name__} {record[wrong[0]]!r:.40}; "
+                                  "allowed: " + ("a list of messages" if used == ("messages",)
+                                                 else "text (a JSON string)"))
             for message in record.get("messages", []):
                 if (not isinstance(message, dict) or message.get("role") not in ROLES
                         or not isinstance(message.get("content"), str)):
@@ -124,7 +133,7 @@ def make(cfg: Config, seed: int, source):
     def plain(record: dict) -> str:  # what a tokenizer is trained on
         if "messages" in record:
             return "\n".join(m["content"] for m in record["messages"])
-        return record.get("text") or record["prompt"] + record["completion"]
+        return record["text"] if "text" in record else record["prompt"] + record["completion"]
 
     tokenizer = tokenizer_for(source, (plain(found[i][0]) for i in train), cfg.vocab_size, KEY)
     arrays = {}

@@ -42,12 +42,13 @@ class Evaluation:
                 "eval": tuned.evaluations if tuned else []}
 
 
-def save_finetuned(tuned: Finetuned, model, directory: Path, tokenizer: Path | None = None
-                   ) -> None:
+def save_finetuned(tuned: Finetuned, model, directory: Path, tokenizer: Path | None = None,
+                   classes: list[str] | None = None) -> None:
     """The fine-tuned weights (by the source's names), the optimizer's state as torch.optim's
     (safetensors: frontends/weights.py, load_optimizer_state), a LoRA scheme's export, and for
     a transformers model what its tools load (save_transformers); ``tokenizer``, the data's
-    (a save_pretrained directory), saved with it."""
+    (a save_pretrained directory), saved with it, and ``classes``, its class names by label,
+    as the config's id2label."""
     from pipelines.frontends.weights import save_optimizer_state, save_weights
 
     save_weights(tuned.weights, directory / "weights.safetensors")
@@ -55,10 +56,11 @@ def save_finetuned(tuned: Finetuned, model, directory: Path, tokenizer: Path | N
     if tuned.export is not None:
         save_weights(tuned.export[1], directory / tuned.export[0])
     if model.frontend == "transformers":
-        save_transformers(tuned, model, directory, tokenizer)
+        save_transformers(tuned, model, directory, tokenizer, classes)
 
 
-def save_transformers(tuned: Finetuned, model, directory: Path, tokenizer: Path | None) -> None:
+def save_transformers(tuned: Finetuned, model, directory: Path, tokenizer: Path | None,
+                      classes: list[str] | None = None) -> None:
     """pretrained/ (from_pretrained, LoRA merged, the tokenizer beside it), a LoRA case's
     PEFT adapter/ (with base/, the frozen model, where the source has no weights), and a
     LLaMA or Qwen2 causal LM's model.gguf (pipelines/exports)."""
@@ -72,7 +74,7 @@ def save_transformers(tuned: Finetuned, model, directory: Path, tokenizer: Path 
     from pipelines.models.torch_lora import SUFFIXES
 
     plain = tuned.plain_weights
-    save_pretrained(model, plain, directory / "pretrained")
+    save_pretrained(model, plain, directory / "pretrained", classes)
     if tokenizer is not None:
         shutil.copytree(tokenizer, directory / "pretrained", dirs_exist_ok=True)
     signature = tuned.step.signature
@@ -80,7 +82,7 @@ def save_transformers(tuned: Finetuned, model, directory: Path, tokenizer: Path 
     if lora is not None:
         frozen = {k: v for k, v in tuned.weights.items() if not k.endswith(SUFFIXES)}
         if not has_weights(ROOT / model.source):
-            save_pretrained(model, frozen, directory / "base")
+            save_pretrained(model, frozen, directory / "base", classes)
         save_adapter(pretrained_module(model, frozen), tuned.weights, lora["rank"],
                      lora["rank"] * lora["scale"], list(selection_of(signature)),
                      signature["task"], model.source, directory / "adapter")

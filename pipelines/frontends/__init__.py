@@ -63,8 +63,10 @@ def data_source(model):
     if own is not None:
         return own(model)
     kwargs = getattr(model, "kwargs", {})
+    classes = kwargs.get("num_classes") if model.task == "classification" else None
     return Source(vocabulary=kwargs.get("vocab") or kwargs.get("vocab_size"),
-                  config={k: kwargs[k] for k in ("image_size",) if k in kwargs})
+                  config={k: kwargs[k] for k in ("image_size",) if k in kwargs},
+                  classes=classes, classes_key="kwargs.num_classes")
 
 
 def load_module(model):

@@ -94,6 +94,8 @@ def config_of(model):
             layers = values.get("num_hidden_layers")
             values = {k: v for k, v in values.items() if k == "architectures" or k in model.config
                       or not (isinstance(v, list) and len(v) == layers)}
+        if model.config.get("num_labels", config.num_labels) != config.num_labels:
+            values = {k: v for k, v in values.items() if k not in ("id2label", "label2id")}
         config = type(config).from_dict({**values, **model.config})
     _randomness_off(config, transformers.PretrainedConfig)
     if hasattr(config, "use_cache"):
@@ -119,8 +121,9 @@ def _randomness_off(config, config_class):
 
 
 def data_source(model):
-    """The model directory's tokenizer, the config's vocabulary size, and its image
-    preprocessing (preprocessor_config.json, and the config's image_size)."""
+    """The model directory's tokenizer, the config's vocabulary size, its image
+    preprocessing (preprocessor_config.json, and the config's image_size), and a
+    classifier's num_labels."""
     from pipelines.data import Source
 
     config = config_of(model)
@@ -130,7 +133,9 @@ def data_source(model):
     settings = json.loads(preprocessor.read_text()) if preprocessor.is_file() else {}
     if getattr(config, "image_size", None):
         settings.setdefault("image_size", config.image_size)
-    return Source(directory, getattr(config.get_text_config(), "vocab_size", None), settings)
+    classes = config.num_labels if model.task == "classification" else None
+    return Source(directory, getattr(config.get_text_config(), "vocab_size", None), settings,
+                  classes, "config.num_labels")
 
 
 def class_of(model, config) -> type:
@@ -291,8 +296,13 @@ def pretrained_module(model, state: dict[str, torch.Tensor]) -> torch.nn.Module:
     return module.eval()
 
 
-def save_pretrained(model, state: dict[str, torch.Tensor], directory: Path) -> None:
+def save_pretrained(model, state: dict[str, torch.Tensor], directory: Path,
+                    classes: list[str] | None = None) -> None:
     """``state`` (the step's weights by the model's names) into ``directory`` as a checkpoint
-    ``from_pretrained`` loads: config.json (the config the step was built with) and
-    model.safetensors."""
-    pretrained_module(model, state).save_pretrained(str(directory))
+    ``from_pretrained`` loads: config.json (the config the step was built with; a
+    classifier's ``classes``, its labels' names, as id2label) and model.safetensors."""
+    module = pretrained_module(model, state)
+    if classes is not None and len(classes) == module.config.num_labels:
+        module.config.id2label = dict(enumerate(classes))
+        module.config.label2id = {name: i for i, name in enumerate(classes)}
+    module.save_pretrained(str(directory))
