@@ -4,6 +4,7 @@ the schema (pipelines/config.py) and every device profile resolved, before anyth
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -25,6 +26,7 @@ def compose_text(overrides: list[str]) -> str:
             cfg = compose(config_name="config", overrides=list(overrides))
         OmegaConf.resolve(cfg)
     except (HydraException, OmegaConfBaseException) as err:  # names the group and options
+        _misspelt(overrides, err)
         raise ConfigError(f"{CONF}: {err}") from err
     except yaml.YAMLError:  # Hydra's reader does not say which file
         raise _unreadable() from None
@@ -37,6 +39,21 @@ def compose_text(overrides: list[str]) -> str:
         if device in params.package.devices:
             packageable(profile)
     return text
+
+
+def _misspelt(overrides: list[str], err: Exception) -> None:
+    """Where Hydra refused to override a key conf/ lacks (its advice: append it with ``+``),
+    the schema's error for the key appended, which lists the keys allowed there; nothing
+    where the key appended is valid (Hydra's advice was right)."""
+    refused = re.match(r"Could not override '([^']+)'", str(err))
+    if refused is None or "To append to your config use +" not in str(err):
+        return
+    key = refused.group(1)
+    appended = [f"+{o}" if o.split("=", 1)[0] == key else o for o in overrides]
+    try:
+        compose_text(appended)
+    except ConfigError as schema:
+        raise ConfigError(f"{key}: conf/ has no such key\n{schema}") from None
 
 
 def _unreadable() -> ConfigError:

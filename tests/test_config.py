@@ -59,6 +59,13 @@ def test_the_ci_lane_is_a_subset_of_the_default_pipeline():
     ("devices=[edge_x86]", "package.devices='rpi4' (from conf/config.yaml): not built (not in devices); "
                            "allowed: ['host', 'edge_x86']"),
     ("sparse@schemes.mbv2_paper=mbv2_papr", "Could not find 'sparse/mbv2_papr'"),
+    # a misspelt key without +: the keys allowed there, not Hydra's advice to append it
+    ("models.mbv2.batchsize=8", "models.mbv2.batchsize: conf/ has no such key\nparams.yaml: "
+                                "models.mbv2 (from conf/model/mbv2.yaml): unknown keys "
+                                "['batchsize']; allowed: ['batch_size', 'blocks'"),
+    # a new case without +: Hydra's advice, which is right
+    ("cases.mine={model:mbv2,scheme:full,optimizer:sgd}", "To append to your config use "
+                                                         "+cases.mine="),
 ])
 def test_bad_config_is_refused_at_compose_naming_key_and_allowed(override, message):
     with pytest.raises(ConfigError) as err:

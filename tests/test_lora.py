@@ -8,7 +8,7 @@ adapted model (three chained steps: loss within 1e-5 relative, updated tensors w
 1e-4, atol 1e-6, frozen ones bit-identical; tests/chained_steps.py); fresh adapters change
 nothing (the step's first loss is the plain model's, within 1e-5). Exports: merged weights give
 the adapted model's outputs without adapters (atol 1e-5); separate ones reload to the same
-model (exactly). PEFT is imported without torchao's load failures in the log.
+model (exactly). PEFT and transformers are imported without torchao's warnings in the log.
 """
 import subprocess
 import sys
@@ -214,15 +214,26 @@ def test_a_pattern_no_linear_layer_matches_is_named(llama_lowered):
         adapt(llama_lowered, LoRA(rank=2, modules=["re:("]), 0)
 
 
-def test_peft_is_imported_without_torchaos_load_failures():
-    """Where torchao (under peft, installed by executorch) warns of kernel libraries this torch
-    cannot load, import_peft keeps them out of the stage's log. Each import in a process of its
-    own: this one may have imported peft already."""
-    def log_of(code):
-        return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stderr
+TINY_LLAMA = ("t.LlamaForCausalLM(t.LlamaConfig(num_hidden_layers=1, hidden_size=8, "
+              "intermediate_size=8, num_attention_heads=2, num_key_value_heads=2, vocab_size=16))")
 
-    if "Failed to load" not in log_of("import peft"):
-        pytest.skip("importing peft logs no load failures here (torchao absent, or it loads)")
-    assert "Failed to load" not in log_of(
-        "from pipelines.models.torch_lora import import_peft; import_peft()")
+
+@pytest.mark.parametrize("loud, quiet", [
+    ("import peft", "from pipelines.models.torch_lora import import_peft; import_peft()"),
+    (f"import transformers as t; {TINY_LLAMA}",  # a model's construction imports torchao
+     f"from pipelines.frontends.transformers import _library; t = _library(); {TINY_LLAMA}"),
+])
+def test_peft_and_transformers_are_imported_without_torchaos_warnings(loud, quiet):
+    """Where torchao (under peft and transformers' quantizers, installed by executorch) warns
+    of kernel libraries this torch cannot load and torch of its enums, the library's imports
+    keep them out of the stage's log. Each import in a process of its own: this one may have
+    imported them already."""
+    def warnings_of(code):
+        log = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stderr
+        return [line for line in log.splitlines() if "Failed to load" in line
+                or "_pytree" in line]
+
+    if not warnings_of(loud):
+        pytest.skip("a plain import logs no torchao warnings here (torchao absent, or it loads)")
+    assert warnings_of(quiet) == []

@@ -118,7 +118,7 @@ def test_program_with_an_entry_is_refused_naming_the_key(override, message):
     with pytest.raises(ConfigError, match=message) as err:
         compose_params("experiment=model", "model@models.model=pt2",
                        "models.model.source=net.pt2", override)
-    assert "models.model (from conf/model/model.yaml)" in str(err.value)
+    assert "models.model (from conf/experiment)" in str(err.value)
 
 
 def test_missing_or_bad_program_file_is_named(tmp_path):

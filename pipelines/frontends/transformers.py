@@ -65,9 +65,11 @@ RANDOM = ("dropout", "pdrop", "drop_path", "drop_rate", "drop_connect")
 
 
 def _library():
-    import transformers
+    from pipelines.quiet import quiet_import
 
-    return transformers
+    # imported quietly before a model loads them: the torchao quantizer imports torchao
+    quiet_import("transformers.quantizers")
+    return quiet_import("transformers")
 
 
 def config_of(model):

@@ -72,18 +72,7 @@ def adapter_state(state: dict, trained=()) -> dict:
 
 
 def import_peft():
-    """The ``peft`` package, imported quietly: peft imports torchao where it is installed
-    (executorch needs it), which logs a warning for each CUDA kernel library a CPU-only torch
-    cannot load, and torch one for each of torchao's enums. They say nothing about this run."""
-    import logging
+    """The ``peft`` package, imported quietly (pipelines/quiet.py: it imports torchao)."""
+    from pipelines.quiet import quiet_import
 
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        import peft
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-    return peft
+    return quiet_import("peft")
