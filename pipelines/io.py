@@ -35,6 +35,13 @@ class CorruptArtifact(Exception):
     names the file and how to make it again. Stages and commands exit 2 on it."""
 
 
+def in_checkout(path: Path) -> str:
+    """``path`` as an artifact records it: from the checkout's root where it is under it (the
+    same bytes in every clone), else as it is."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -12,7 +12,8 @@
 - a build leaves no scratch directory behind;
 - an artifact whose bytes are not what its stage wrote is named before it is used; what a
   killed run left beside a stage's output is removed by the next run;
-- optimizer state is written as safetensors, never a pickle, and loads back into torch.optim.
+- optimizer state is written as safetensors, never a pickle, and loads back into torch.optim;
+- a path an artifact records is from the checkout's root.
 """
 import os
 import shutil
@@ -482,3 +483,12 @@ def test_a_bfloat16_state_reads_in_a_process_that_has_nothing_else_loaded(tmp_pa
     assert out.stdout.split(" ", 2)[:2] == ["bfloat16", "float32"]
     assert out.stdout.split(" ", 2)[2].strip() == str(weight.view(torch.int16).numpy()
                                                       .view("uint16").tolist())
+
+
+def test_a_path_an_artifact_records_is_the_same_in_every_clone(tmp_path):
+    """What a stage writes names a file of the checkout from its root (a committed database
+    the tune stage started from), so that a clone elsewhere writes the same bytes."""
+    from pipelines.io import in_checkout
+
+    assert in_checkout(ROOT / "device_profiles" / "tuned") == "device_profiles/tuned"
+    assert in_checkout(tmp_path) == str(tmp_path.resolve())  # outside: as it is

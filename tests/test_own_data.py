@@ -148,6 +148,11 @@ def test_the_model_directory_gives_the_tokenizer_and_chat_template(root, tmp_pat
     assert made.tokenizer.inner.get_vocab() == own.inner.get_vocab()  # the directory's
     assert set(learned_text(made)) | set(learned_text(made, "finetune_test")) == {
         "5\n", "yes\nno\n"}
+    # a model whose embedding has fewer rows than the tokenizer has tokens
+    with pytest.raises(ConfigError, match=r"finetune_train_x holds token id \d+; the model's "
+                                          r"embedding has 40 rows \(its vocab_size\)"):
+        make_data(kind(chat_cfg(vocab_size=None, held_out=0.5, seq_len=128)), 0,
+                  Source(directory, 40))
 
 
 def test_csv_rows_become_classes_and_images_are_normalised_as_the_model_says(root):
@@ -193,6 +198,8 @@ CSV = {"kind": "csv_file", "files": "data/r.csv", "text_column": "review", "labe
     (chat_cfg(), '{"prompt": "Q", "completion": 5}',
      "data/chat.jsonl:1: 'completion' is int 5; allowed: text (a JSON string)"),
     (chat_cfg(), '{"text": 123}', "data/chat.jsonl:1: 'text' is int 123; allowed: text"),
+    (chat_cfg(), '{"messages": [{"role": "user", "content": "hi"}]}',
+     "data/chat.jsonl:1: a chat without an assistant turn learns nothing (mask_prompt"),
     (chat_cfg(), '{"messages": "hi"}', "data/chat.jsonl:1: 'messages' is str 'hi'; allowed: a "
                                        "list of messages"),
     ({"kind": "csv_file", "files": "data/r.csv", "text_column": "text", "label_column": "y",

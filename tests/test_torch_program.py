@@ -142,6 +142,23 @@ def test_program_batch_must_match_the_config(tmp_path):
         import_model(wrong, tmp_path / "w", tmp_path / "out")
 
 
+def test_the_imported_program_holds_no_path_of_this_checkout(tmp_path):
+    """The import stage's program is the same bytes in every clone: the stack traces
+    torch.export records (this file's path, torch's) are left out."""
+    from pipelines.frontends import import_model
+    from pipelines.frontends.weights import FILE, initial_weights, save_weights
+
+    _, model = saved_program(tmp_path)
+    program = torch.export.load(tmp_path / "net.pt2")
+    assert any("stack_trace" in node.meta for node in program.graph.nodes)  # torch keeps them
+    (tmp_path / "w").mkdir(), (tmp_path / "out").mkdir()
+    save_weights(initial_weights(model, None, 0)[0], tmp_path / "w" / FILE)
+    import_model(model, tmp_path / "w", tmp_path / "out")
+    imported = torch.export.load(tmp_path / "out" / "model.pt2")
+    assert not [node.name for node in imported.graph.nodes if "stack_trace" in node.meta]
+    assert __file__.encode() not in (tmp_path / "out" / "model.pt2").read_bytes()
+
+
 class _WithEmptyFeatures(torch.nn.Module):
     """Concatenates an empty 1-D tensor (a multimodal model's image features when the batch has
     no image), which PyTorch skips whatever the other operands' rank."""

@@ -26,6 +26,7 @@ from pipelines.backend.cpu_schedules import tunable_kernels
 from pipelines.backend.databases import (best_record, by_anchor_block, open_database,
                                          select_records)
 from pipelines.backend.tuning import computes_the_same, kernel_us, tune
+from pipelines.io import in_checkout
 
 TUNE_SHARE = 0.9  # of the step's kernel time (default schedules) that is tuned
 
@@ -65,7 +66,7 @@ def tune_step(mod: tvm.IRModule, target, trials: int, cores: int, committed_dir:
         kernels = {}
     committed = open_database(committed_dir)
     metrics = {"kernels": len(kernels), "trials": trials if kernels else 0,
-               "pretuned": str(committed_dir) if committed_dir.exists() else None}
+               "pretuned": in_checkout(committed_dir) if committed_dir.exists() else None}
     keep, sources = kernels, [committed]  # no trials: every committed record these match
     if trials and kernels:
         start = time.monotonic()

@@ -59,8 +59,25 @@ CLASSES = "classes.json"  # beside it: Dataset.classes, where the kind names its
 
 def make_data(cfg, seed: int, source: Source | None = None) -> Dataset:
     """What ``cfg`` (a data section) gives, seeded, for a model (``source``)."""
-    made = KINDS[cfg.kind].make(cfg, seed, source or Source())
-    return made if isinstance(made, Dataset) else Dataset(made)
+    source = source or Source()
+    made = KINDS[cfg.kind].make(cfg, seed, source)
+    made = made if isinstance(made, Dataset) else Dataset(made)
+    _ids_fit(made.arrays, source.vocabulary)
+    return made
+
+
+def _ids_fit(arrays: dict[str, np.ndarray], vocabulary: int | None) -> None:
+    """A ConfigError where a token id has no row in the model's embedding (a tokenizer with
+    more tokens than the model): the step would read past the embedding."""
+    for name, array in arrays.items():
+        if (vocabulary is None or not name.endswith("_x") or array.dtype.kind not in "iu"
+                or not array.size):
+            continue
+        if array.min() < 0 or array.max() >= vocabulary:
+            raise ConfigError(f"models.<name>.data: {name} holds token id "
+                              f"{int(array.max() if array.max() >= vocabulary else array.min())}"
+                              f"; the model's embedding has {vocabulary} rows (its vocab_size): "
+                              "the tokenizer has more tokens than the model has rows for")
 
 
 def split(data: dict, name: str, inputs: list[str] | None = None) -> tuple[list, np.ndarray]:

@@ -128,6 +128,13 @@ def make(cfg: Config, seed: int, source):
 
     files = user_files(cfg.files, f"{KEY}.files", (".jsonl",))
     found = records(files)
+    unanswered = [where for record, where in found if "messages" in record
+                  and not any(m["role"] == "assistant" for m in record["messages"])]
+    if unanswered and cfg.mask_prompt:
+        raise ConfigError(f"{unanswered[0]}: a chat without an assistant turn learns nothing "
+                          f"(mask_prompt: only the assistant's turns are learned; "
+                          f"{len(unanswered)} such records); add the answer, or set "
+                          f"{KEY}.mask_prompt=false to learn every token")
     train, test = held_out(len(found), cfg.held_out, seed, "records", f"{KEY}.files")
 
     def plain(record: dict) -> str:  # what a tokenizer is trained on

@@ -77,9 +77,21 @@ def import_model(model: Config, weights: Path, out: Path) -> str:
     source = ROOT / model.source
     program = with_weights(load_program(source), load_weights(weights / FILE), source)
     check_batch(program, model, source)
-    torch.export.save(program, out / IMPORTED)
+    save_program(program, out / IMPORTED)
     write_json_atomic(out / "layers.json", describe_program(program, model.blocks))
     return f"loaded {source.name}: {len(program.graph.nodes)} graph nodes"
+
+
+def save_program(program, path: Path) -> None:
+    """``program`` as torch.export.save writes it, less each node's stack trace: the source
+    files' paths on this machine would make the same model's file differ between checkouts."""
+    import torch
+
+    for module in program.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                node.meta.pop("stack_trace", None)
+    torch.export.save(program, path)
 
 
 def export_module(model, weights: Path, out: Path, load=None) -> str:
@@ -94,7 +106,7 @@ def export_module(model, weights: Path, out: Path, load=None) -> str:
     module, inputs = (load or load_module)(model)
     module.load_state_dict(load_weights(weights / FILE))
     program = export(module, inputs)
-    torch.export.save(program, out / IMPORTED)
+    save_program(program, out / IMPORTED)
     write_json_atomic(out / "layers.json", describe_layers(module, model.blocks))
     what = f"{Path(model.source).name}:{model.entry}" if getattr(model, "entry", None) \
         else type(module).__name__
