@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import assert_steps_match, model_section
+from conftest import ROOT, assert_steps_match, model_section
 
 from pipelines.config import LoRA, Adam
 from pipelines.data import KINDS, Source, make_data
@@ -410,17 +410,22 @@ def test_a_lora_run_goes_back_as_a_peft_adapter_and_merged(root, tmp_path, host_
     assert run.metrics["max_abs_loss_difference"] < 1e-4 * run.losses[0]["pytorch"]
     out = tmp_path / "evaluate"
     out.mkdir()
-    save_finetuned(run, model, out)
+    made.tokenizer.save(tmp_path / "tokenizer")
+    save_finetuned(run, model, out, tmp_path / "tokenizer")
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["task_type"]) == (4, 8, "CAUSAL_LM")
     assert config["target_modules"] == [f"model.layers.{i}.self_attn.{p}_proj"
                                         for i in range(2) for p in "qv"]
     assert config["base_model_name_or_path"] == LLAMA_LM
+    card = (out / "adapter" / "README.md").read_text()  # the same in every clone
+    assert f"base_model: {LLAMA_LM}" in card and str(ROOT) not in card
     x = made.arrays["finetune_test_x"][:BATCH]
     want = logits(run.step.load_into(torch_twin(model, run.step.signature,
                                                 compiled.initial)).eval(), x)
     # the source has no weights: the frozen base is saved beside the adapter
     base = transformers.AutoModelForCausalLM.from_pretrained(out / "base")
+    assert transformers.AutoTokenizer.from_pretrained(out / "base").get_vocab() == \
+        made.tokenizer.inner.get_vocab()  # the data's tokenizer beside it
     adapted = peft.PeftModel.from_pretrained(base, out / "adapter").eval()
     assert_logits_close(logits(adapted, x), want)
     merged = transformers.AutoModelForCausalLM.from_pretrained(out / "pretrained").eval()

@@ -83,6 +83,8 @@ def save_transformers(tuned: Finetuned, model, directory: Path, tokenizer: Path 
         frozen = {k: v for k, v in tuned.weights.items() if not k.endswith(SUFFIXES)}
         if not has_weights(ROOT / model.source):
             save_pretrained(model, frozen, directory / "base", classes)
+            if tokenizer is not None:
+                shutil.copytree(tokenizer, directory / "base", dirs_exist_ok=True)
         save_adapter(pretrained_module(model, frozen), tuned.weights, lora["rank"],
                      lora["rank"] * lora["scale"], list(selection_of(signature)),
                      signature["task"], model.source, directory / "adapter")

@@ -33,7 +33,8 @@ def save_adapter(base: torch.nn.Module, weights: dict[str, torch.Tensor], rank: 
     config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
                              target_modules=modules, modules_to_save=others or None, bias="none",
                              task_type=TASK_TYPES.get(task), base_model_name_or_path=base_name)
-    base.name_or_path = base_name  # else PEFT records where this machine found it
+    # else PEFT records where this machine found it (its model card reads the config's)
+    base.name_or_path = base.config.name_or_path = base_name
     wrapped = peft.get_peft_model(base, config)
     values = {}
     for module in modules:
