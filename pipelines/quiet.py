@@ -21,4 +21,3 @@ def quiet_import(name: str):
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
-

@@ -3,8 +3,8 @@
 Output: artifacts/models/<model>/data/data.npz (pipelines/data: digits, the text task's
 sentences, synthetic tokens, or the user's files under data/: text, jsonl, csv_file, images),
 the tokenizer the text was read with (tokenizer/, as save_pretrained writes it), a classifier's
-class names by label (classes.json: the fine-tuned model's id2label), and the manifest, which records the user's files read and their hashes; or the manifest alone for a
-model without data.
+class names by label (classes.json: the fine-tuned model's id2label), and the manifest, which
+records the user's files read and their hashes; or the manifest alone for a model without data.
 """
 import sys
 

@@ -73,11 +73,11 @@ def _ids_fit(arrays: dict[str, np.ndarray], vocabulary: int | None) -> None:
         if (vocabulary is None or not name.endswith("_x") or array.dtype.kind not in "iu"
                 or not array.size):
             continue
-        if array.min() < 0 or array.max() >= vocabulary:
-            raise ConfigError(f"models.<name>.data: {name} holds token id "
-                              f"{int(array.max() if array.max() >= vocabulary else array.min())}"
-                              f"; the model's embedding has {vocabulary} rows (its vocab_size): "
-                              "the tokenizer has more tokens than the model has rows for")
+        bad = int(array.max()) if array.max() >= vocabulary else int(array.min())
+        if not 0 <= bad < vocabulary:
+            raise ConfigError(f"models.<name>.data: {name} holds token id {bad}; the model's "
+                              f"embedding has {vocabulary} rows (its vocab_size): the tokenizer "
+                              "has more tokens than the model has rows for")
 
 
 def split(data: dict, name: str, inputs: list[str] | None = None) -> tuple[list, np.ndarray]:
