@@ -457,6 +457,40 @@ def test_native_runner_names_bad_data(native, tmp_path):
 
 
 @pytest.mark.slow
+def test_both_runners_refuse_an_index_past_its_table(native, tmp_path):
+    """An input whose runner.json entry has ``rows`` (one that indexes a table: token ids,
+    analysis/indices.py) holds values in [0, rows) or is refused with exit code 2 by the native
+    and the Python runner alike; nothing is written. Here the labels stand in for such an
+    input: a table of 7 rows refuses the classes 7 to 9 they may hold."""
+    import shutil
+    import subprocess
+    import sys
+
+    from pipelines.runtime.native import PYTHON_RUNNER
+
+    step = tmp_path / "step"
+    shutil.copytree(native[1], step)
+    manifest = json.loads((step / "runner.json").read_text())
+    manifest["data"] = [d | {"rows": 7} if d["name"] == "labels" else d for d in manifest["data"]]
+    (step / "runner.json").write_text(json.dumps(manifest))
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir(), out.mkdir()
+    x, y = _batches(16)
+    y = y % 7
+    y[5] = 8
+    _save(data / "train.safetensors", x, y)
+    native_run = subprocess.run([str(native[0]), str(step), "--data", str(data), "--out",
+                                 str(out)], capture_output=True, text=True)
+    python_run = subprocess.run([sys.executable, str(PYTHON_RUNNER), str(step), "--data",
+                                 str(data), "--out", str(out)], capture_output=True, text=True)
+    for done in (native_run, python_run):
+        assert done.returncode == 2, done.stderr
+        assert "input 'labels' holds [8], past the table it indexes; allowed: 0 to 6" in (
+            done.stdout + done.stderr)
+    assert not list(out.iterdir())
+
+
+@pytest.mark.slow
 def test_native_runner_stops_at_a_step_that_goes_nan(native, host_step, tmp_path):
     """From a state whose classifier weight holds NaN (passed as --state), the first step's
     loss is NaN: exit code 3 naming the step, and no weights written as if it had succeeded."""

@@ -3,6 +3,8 @@
 - a batch with labels the loss cannot score (10 of 5 classes, -5, 1e9), non-finite inputs, or
   an input or state of another shape or dtype (which the built step no longer checks itself)
   is refused naming the step and the array; the state stays as it was (runtime/checks.py);
+- token ids past the table they index (an embedding's rows) are refused the same way, before
+  the step's take could read past it (analysis/indices.py);
 - the fused loss never reads out of bounds: a label out of range scores nothing, as an ignored
   one does (kernels/softmax_nll.py), where a batch reaches the step unchecked;
 - a step whose loss or new state is not finite keeps the state before it, or, where it updates
@@ -36,6 +38,7 @@ from pipelines.runtime.step import CompiledStep
 
 SGD = TypeAdapter(Optimizer).validate_python({"kind": "sgd", "lr": 0.1, "momentum": 0.9})
 CLASSES = 5
+VOCABULARY = 20
 
 
 def build_classifier(directory, host_profile, update_in_place: bool):
@@ -44,7 +47,25 @@ def build_classifier(directory, host_profile, update_in_place: bool):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.Tanh(),
                                 torch.nn.Linear(32, CLASSES))
-    main, names, origins = translate(torch.export.export(model, (torch.zeros(8, 12),)))
+    return build_step(model, torch.zeros(8, 12), directory, host_profile, update_in_place)
+
+
+class TokenClassifier(torch.nn.Module):
+    """Token ids (a vocabulary of VOCABULARY) to CLASSES: an embedding, averaged, a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCABULARY, 8)
+        self.head = torch.nn.Linear(8, CLASSES)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids).mean(1))
+
+
+def build_step(model, example, directory, host_profile, update_in_place: bool = False):
+    """``model``'s full-BP step for ``example``, built for the host into ``directory``: its
+    directory and initial values."""
+    main, names, origins = translate(torch.export.export(model, (example,)))
     full = training_graph(Lowered(main, names, origins, values={}, layers={}), SGD).module
     selection = dict.fromkeys(signature_of(full)["source_names"].values())
     optimized = optimize(PrunedStep(prune(full, selection, "full"), [], {}),
@@ -88,6 +109,33 @@ def test_labels_out_of_range_are_refused_and_nothing_changes(built, label):
     assert all(np.array_equal(v, before[k]) for k, v in state_of(step).items())
     assert step.steps == 0
     step.step(*batch([0, 1, 2, 3, 4, -100, 1, 2]))  # an ignored label is a label
+    assert step.steps == 1
+
+
+@pytest.fixture(scope="module")
+def token_step(tmp_path_factory, host_profile):
+    torch.manual_seed(0)
+    return build_step(TokenClassifier(), torch.zeros(8, 6, dtype=torch.int64),
+                      tmp_path_factory.mktemp("tokens"), host_profile)
+
+
+@pytest.mark.parametrize("token", [VOCABULARY, -1, 10**9])
+def test_token_ids_past_the_embedding_are_refused_and_nothing_changes(token_step, token):
+    """TVM's take reads an index past its table unchecked: the step's signature records the
+    embedding's rows for the input that indexes it, and a batch with an id outside them is
+    refused before the step runs, as PyTorch's embedding refuses it."""
+    step = CompiledStep(*token_step)
+    assert step.signature["data_types"]["ids"]["rows"] == VOCABULARY
+    assert "rows" not in step.signature["data_types"]["labels"]
+    before = state_of(step)
+    ids = np.random.default_rng(0).integers(0, VOCABULARY, (8, 6))
+    ids[2, 3] = token
+    with pytest.raises(StepError, match=rf"step 1: input 'ids' holds \[{token}\], past the "
+                                        rf"table it indexes; allowed: 0 to {VOCABULARY - 1}"):
+        step.step(ids, np.zeros(8, "int64"))
+    assert all(np.array_equal(v, before[k]) for k, v in state_of(step).items())
+    ids[2, 3] = VOCABULARY - 1  # the last row is a row
+    step.step(ids, np.zeros(8, "int64"))
     assert step.steps == 1
 
 

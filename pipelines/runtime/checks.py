@@ -5,7 +5,8 @@ Numpy only: the Python runner (python_runner.py) needs nothing more; the native 
 (native_runner.cc) makes the same checks in C++.
 
 A step's signature says what its labels may be (training/graph.py): ``labels.classes`` (the
-logits' last axis) and ``labels.ignore_index`` (a label that scores nothing).
+logits' last axis) and ``labels.ignore_index`` (a label that scores nothing); and what an
+integer input that indexes a table may be: ``data_types.<input>.rows``.
 """
 from __future__ import annotations
 
@@ -34,13 +35,22 @@ def check_shapes(types: dict[str, dict], arrays: dict, where: str, what: str = "
 
 
 def check_batch(signature: dict, arrays: dict[str, np.ndarray], where: str) -> None:
-    """``arrays`` (the step's data inputs by name) hold finite floats and scorable labels."""
+    """``arrays`` (the step's data inputs by name) hold finite floats, indices within the
+    tables they index (a data type's ``rows``: analysis/indices.py) and scorable labels."""
+    types = signature.get("data_types") or {}
     for name, array in arrays.items():
         array = np.asarray(array)
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             count = int(np.size(array) - np.isfinite(array).sum())
             raise BadBatch(f"{where}: input {name!r} holds {count} non-finite values (NaN or "
                             "inf); allowed: finite numbers")
+        rows = types.get(name, {}).get("rows")
+        if rows is not None and array.size and (array.min() < 0 or array.max() >= rows):
+            bad = (array < 0) | (array >= rows)
+            shown = sorted({int(v) for v in array[bad].ravel()[:1000]})[:5]
+            raise BadBatch(f"{where}: input {name!r} holds {shown}, past the table it indexes; "
+                            f"allowed: 0 to {rows - 1} (its {rows} rows: for token ids, the "
+                            "model's vocabulary)")
     labels = signature.get("labels") or {}
     if labels.get("classes") and "labels" in arrays:
         y, ignore = np.asarray(arrays["labels"]), labels["ignore_index"]

@@ -303,6 +303,7 @@ struct DataInput {  // one of the step's data inputs, and where its examples com
   DLDataType dtype;
   std::vector<int64_t> shape;    // the step's
   std::vector<int64_t> example;  // one example's, as the data holds it: [N, *example]
+  int64_t rows = -1;             // the rows of the table its values index (-1: none)
   const SafeTensors::Entry* examples = nullptr;
   size_t example_bytes = 0;
   ffi::Tensor batch;      // allocated once, refilled every step
@@ -334,6 +335,21 @@ void check_labels(const DataInput& input, int64_t classes, int64_t ignore, const
       bad_input(file + ": labels [" + std::to_string(y) + "] are out of range; allowed: 0 to " +
                 std::to_string(classes - 1) + " (the model's " + std::to_string(classes) +
                 " classes), or " + std::to_string(ignore) + " (scores nothing)");
+  }
+}
+
+// An input whose values index a table (token ids): 0 <= value < its rows. The step's take
+// reads past the table unchecked.
+void check_indices(const DataInput& input, const std::string& file) {
+  size_t count = input.examples->bytes / (input.dtype.bits / 8);
+  for (size_t i = 0; i < count; ++i) {
+    int64_t v = input.dtype.bits == 64 ? reinterpret_cast<const int64_t*>(input.examples->data)[i]
+                                       : reinterpret_cast<const int32_t*>(input.examples->data)[i];
+    if (v < 0 || v >= input.rows)
+      bad_input(file + ": input '" + input.name + "' holds [" + std::to_string(v) +
+                "], past the table it indexes; allowed: 0 to " + std::to_string(input.rows - 1) +
+                " (its " + std::to_string(input.rows) + " rows: for token ids, the model's "
+                "vocabulary)");
   }
 }
 
@@ -485,6 +501,7 @@ int run(const Args& args) {
     input.dtype = ffi::StringToDLDataType(info["dtype"].cast<ffi::String>());
     for (const auto& d : info["shape"].cast<json::Array>()) input.shape.push_back(d.cast<int64_t>());
     for (const auto& d : info["example"].cast<json::Array>()) input.example.push_back(d.cast<int64_t>());
+    if (info.count("rows")) input.rows = info["rows"].cast<int64_t>();
     wanted += (wanted.empty() ? "" : " and ") + input.name + " " +
               std::string(ffi::DLDataTypeToString(input.dtype)) + " " +
               shape_text(input.example, "N");
@@ -511,6 +528,8 @@ int run(const Args& args) {
     bad_input(train_path + ": " + std::to_string(examples) + " examples, fewer than one batch of " +
               std::to_string(batch));
   for (const auto& input : inputs) {
+    if (input.rows >= 0 && input.dtype.code == kDLInt && input.dtype.bits >= 32)
+      check_indices(input, train_path);
     if (input.dtype.code == kDLFloat && input.dtype.bits == 32) {
       const float* v = reinterpret_cast<const float*>(input.examples->data);
       size_t bad = 0, count = input.examples->bytes / 4;

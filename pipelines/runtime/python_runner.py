@@ -88,7 +88,8 @@ def read_data(path: Path, manifest: dict) -> tuple[list[np.ndarray], int]:
     if count < batch:
         raise BadInput(f"{path}: {count} examples, fewer than one batch of {batch}")
     signature = {"labels": manifest["labels"] and {k: manifest["labels"][k]
-                                                   for k in ("classes", "ignore_index")}}
+                                                   for k in ("classes", "ignore_index")},
+                 "data_types": {d["name"]: d for d in manifest["data"]}}
     try:
         check_batch(signature, {d["name"]: a for d, a in zip(manifest["data"], arrays)},
                     str(path))

@@ -20,6 +20,7 @@ import tvm
 from tvm import relax
 from tvm.relax.training import AppendLoss
 
+from pipelines.analysis.indices import index_rows
 from pipelines.ir import PADDING_ROWS, dtype_of, shape_of, tensor_type
 from pipelines.schema import ConfigError
 from pipelines.tasks import IGNORE_INDEX
@@ -130,11 +131,13 @@ def build_train_step(main: relax.Function, num_params: int, optimizer,
     step = mod["train_step"]
     data = [x.name for x in sinputs] + [LABELS]
     names = data + [p.name for p in sparams + sbuffers + state_vars]
+    rows = index_rows(main, inputs)  # a token id's table: checked before a step, as labels
     signature = {
         "data": data,
         "task": task,
         "labels_shape": shape_of(y),  # a class per row; a token label per position; a target
         "data_types": {x.name: {"shape": shape_of(x), "dtype": dtype_of(x)}
+                       | ({"rows": rows[x.name]} if x.name in rows else {})
                        for x in [*sinputs, y]},
         "inputs": names,
         "outputs": ["loss"] + [f"new_{n}" for n in names[len(data):]],
